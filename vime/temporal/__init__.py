@@ -1,0 +1,1 @@
+"""Temporal plumbing: the embedded dev server, client connection, vime's search attributes."""

@@ -1,0 +1,84 @@
+"""Connecting to Temporal: a given `--temporal-address`, or the embedded dev server.
+
+`temporal_service(...)` is the one entry the CLI and workers use: it yields a connected
+client whether the server is the user's cluster or a dev server vime started for the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from temporalio.api.enums.v1 import IndexedValueType
+from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
+from temporalio.client import Client
+
+from vime.errors import ServiceError
+from vime.log import get_logger
+from vime.temporal.dev_server import TemporalDevServer
+from vime.temporal.search_attributes import SEARCH_ATTRIBUTES
+
+log = get_logger(__name__)
+
+_INDEXED = {
+    "Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
+    "Double": IndexedValueType.INDEXED_VALUE_TYPE_DOUBLE,
+    "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT,
+}
+
+
+async def connect(address: str, namespace: str = "default", *, timeout: float = 10.0) -> Client:
+    """Connect, or raise one `ServiceError` naming the address (the SDK would retry for long)."""
+    try:
+        return await asyncio.wait_for(Client.connect(address, namespace=namespace), timeout)
+    except (asyncio.TimeoutError, RuntimeError, OSError) as e:
+        detail = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e).splitlines()[0]
+        raise ServiceError(
+            f"cannot connect to Temporal at --temporal-address {address!r} (namespace {namespace!r}): "
+            f"{detail}. Check the address, or omit --temporal-address to start an embedded dev server."
+        ) from e
+
+
+async def ensure_search_attributes(client: Client, namespace: str) -> None:
+    """Register vime's search attributes on a server that lacks them (idempotent)."""
+    existing = await client.operator_service.list_search_attributes(
+        ListSearchAttributesRequest(namespace=namespace)
+    )
+    known = set(existing.custom_attributes) | set(existing.system_attributes)
+    missing = {n: _INDEXED[k.cli_name] for n, k in SEARCH_ATTRIBUTES.items() if n not in known}
+    if missing:
+        await client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(namespace=namespace, search_attributes=missing)
+        )
+        log.info("temporal.search_attributes_added", names=sorted(missing))
+
+
+@dataclass
+class TemporalService:
+    client: Client
+    address: str
+    ui_url: str | None
+    dev_server: TemporalDevServer | None = None
+
+
+@contextlib.asynccontextmanager
+async def temporal_service(
+    address: str | None, *, run_dir: str | Path, namespace: str = "default", headless: bool = False
+) -> AsyncIterator[TemporalService]:
+    """Yield a connected `TemporalService`; start (and finally stop) a dev server if no address."""
+    dev: TemporalDevServer | None = None
+    if address is None:
+        dev = TemporalDevServer(run_dir, namespace=namespace, headless=headless)
+        await asyncio.to_thread(dev.start)
+        address = dev.address
+    try:
+        client = await connect(address, namespace)
+        if dev is None:
+            await ensure_search_attributes(client, namespace)
+        yield TemporalService(client, address, dev.ui_url if dev else None, dev)
+    finally:
+        if dev is not None:
+            await asyncio.to_thread(dev.stop)
