@@ -45,7 +45,9 @@ def is_cpu_build() -> bool:
 
 
 def _has_flag(args: Sequence[str], flag: str) -> bool:
-    return any(a == flag or a.startswith(flag + "=") for a in args)
+    """Whether the user set `flag`, also as `--flag=value` or in its `--no-flag` form."""
+    negated = "--no-" + flag[2:]
+    return any(a in (flag, negated) or a.startswith((flag + "=", negated + "=")) for a in args)
 
 
 def default_server_args(user_args: Sequence[str], *, cpu: bool) -> list[str]:

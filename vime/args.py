@@ -1,0 +1,594 @@
+"""The `vime` flags, parsed once into a typed `VimeArgs`.
+
+Three kinds of flags share one command line:
+
+- vime's own flags, spelled as slime spells them (`--rollout-batch-size`, `--custom-rm-path`, ...),
+  declared once below as `VimeArgs` fields: the field is the flag, its type, default and help;
+- `--vllm-<flag>`: every `vllm serve` flag, generated from vLLM's own parser so types, choices
+  and nargs match the installed vLLM; the ones the user set land in `args.vllm_server_args` as
+  server CLI tokens, spelled as the user spelled their values;
+- `--router-<flag>`: every vllm-router flag, generated the same way, forwarded in `args.router_args`.
+
+Why a plain (mutable) dataclass rather than a Namespace: hooks written for slime read
+`args.rollout_max_response_len` and sometimes set attributes of their own, so `VimeArgs` keeps
+attribute access and stays mutable, while the fields give types, defaults and one place to read.
+`VimeArgs.argv` keeps the command line, followed by the resolved `--run-id` and `--run-dir`, so
+another process (a worker, in any directory) gets the same run from `parse_args(args.argv)`.
+
+Importing vLLM takes seconds, so the generated `--vllm-*` flags are only built when the command
+line uses one, and at most once per process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import functools
+import importlib
+import json
+import os
+import sys
+import time
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+import yaml
+
+from vime.errors import ConfigError
+
+GROUPS = {
+    "data": "Prompt data and how records map to samples.",
+    "rollout": "Generation: batch sizes, sampling parameters, rollout and generate hooks, evaluation.",
+    "reward": "Reward functions and reward services.",
+    "training": "Optimizer, batching and the FSDP2 trainer.",
+    "algorithm": "Advantages, clipping, KL and the loss.",
+    "checkpoint": "Where checkpoints are saved and loaded.",
+    "orchestration": "Temporal, task queues, the run directory and the sample store.",
+    "vLLM": (
+        "Rollout servers. Every `vllm serve` flag also works as --vllm-<flag> "
+        "(--vllm-max-model-len 4096, --vllm-enforce-eager, ...); only the ones you set are forwarded. "
+        "--vllm-model/--vllm-host/--vllm-port are set by vime."
+    ),
+    "router": (
+        "The vllm-router in front of the servers. Every router flag also works as --router-<flag> "
+        "(--router-balance-abs-threshold 32, ...); only the ones you set are forwarded."
+    ),
+}
+
+ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+# Used for --router-policy when vllm-router is not installed; the router's own list wins otherwise.
+_FALLBACK_ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash")
+
+
+def _flag(group: str, default: Any, help: str, **argparse_kwargs: Any) -> Any:
+    """A `VimeArgs` field that is also a command-line flag (`--field-name` unless `flag=` says)."""
+    meta = {"help": help, "group": group, **argparse_kwargs}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+_data, _rollout, _reward, _training, _algorithm, _checkpoint, _orchestration, _vllm, _router = (
+    functools.partial(_flag, group) for group in GROUPS
+)
+
+
+def _json_object(raw: str) -> dict:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"invalid JSON {raw!r}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {raw!r}")
+    return value
+
+
+@dataclass
+class VimeArgs:
+    """Every `vime` setting, typed; attribute names are slime's argparse dests."""
+
+    # data
+    prompt_data: str | None = _data(None, "JSONL/Parquet prompt file.")
+    input_key: str = _data("input", "Record key of the prompt.")
+    label_key: str | None = _data(None, "Record key of the label.")
+    metadata_key: str = _data("metadata", "Record key of per-sample metadata.")
+    tool_key: str = _data("tools", "Record key of the tools given to the chat template.")
+    apply_chat_template: bool = _data(False, "Prompts are chat messages; render them with the template.")
+    apply_chat_template_kwargs: dict = _data({}, "JSON object of extra chat-template kwargs.", type=_json_object)
+    num_rollout: int | None = _data(None, "Number of rollout steps (default: from --num-epoch).")
+    num_epoch: int | None = _data(None, "Epochs over --prompt-data; ignored when --num-rollout is set.")
+    data_source_path: str | None = _data(None, "Custom data source class (dotted path).")
+    eval_prompt_data: list[str] | None = _data(None, "Eval sets as name path pairs: aime /data/aime.jsonl.")
+
+    # rollout
+    hf_checkpoint: str | None = _rollout(None, "HF checkpoint: the policy's weights, config and tokenizer.")
+    rollout_function_path: str = _rollout(
+        "vime.rollout.vllm_rollout.generate_rollout",
+        "generate_rollout(args, rollout_id, data_source, evaluation=False).",
+    )
+    custom_generate_function_path: str | None = _rollout(
+        None, "async generate(args, sample, sampling_params[, evaluation]) -> Sample | list[Sample]."
+    )
+    rollout_batch_size: int | None = _rollout(None, "Prompts per rollout step.")
+    n_samples_per_prompt: int = _rollout(1, "Responses per prompt (the group size).")
+    over_sampling_batch_size: int | None = _rollout(None, "Prompts per sampling round (default: rollout batch).")
+    rollout_max_response_len: int | None = _rollout(None, "max_tokens per response.")
+    rollout_max_prompt_len: int | None = _rollout(None, "Drop prompts longer than this many tokens.")
+    rollout_temperature: float = _rollout(1.0, "Sampling temperature (> 0).")
+    rollout_top_p: float = _rollout(1.0, "Sampling top-p.")
+    rollout_top_k: int = _rollout(-1, "Sampling top-k (-1: off).")
+    rollout_stop: list[str] | None = _rollout(None, "Stop strings.")
+    rollout_stop_token_ids: list[int] | None = _rollout(None, "Stop token ids.")
+    rollout_skip_special_tokens: bool = _rollout(False, "Strip special tokens from response text.")
+    rollout_seed: int = _rollout(42, "Seed for prompt shuffling and sampling.")
+    rollout_shuffle: bool = _rollout(False, "Shuffle prompts.")
+    dynamic_sampling_filter_path: str | None = _rollout(None, "Keep or drop a finished group (DAPO-style).")
+    buffer_filter_path: str | None = _rollout(None, "Pick groups from the buffer: list[list[Sample]] -> same.")
+    max_staleness: int = _rollout(0, "Weight versions a sample may lag the trainer by (0: on-policy).")
+    eval_function_path: str | None = _rollout(None, "Eval rollout function (default: --rollout-function-path).")
+    eval_interval: int | None = _rollout(None, "Evaluate every N rollout steps.")
+
+    # reward
+    custom_rm_path: str | None = _reward(None, "async rm(args, sample) -> float; with --group-rm samples -> list.")
+    group_rm: bool = _reward(False, "Call the reward function once per group.")
+    rm_type: str | None = _reward(None, "Built-in reward type.")
+    rm_url: str | None = _reward(None, "Reward service URL (for --rm-type remote_rm).")
+    reward_key: str | None = _reward(None, "Key of the reward when a reward function returns a dict.")
+
+    # training
+    lr: float = _training(1e-6, "Learning rate.")
+    min_lr: float = _training(0.0, "Floor of the decayed learning rate.")
+    lr_decay_style: str = _training("constant", "Learning-rate schedule.", choices=("constant", "linear", "cosine"))
+    lr_warmup_iters: int = _training(0, "Linear warmup steps.")
+    weight_decay: float = _training(0.0, "AdamW weight decay.")
+    adam_beta1: float = _training(0.9, "AdamW beta1.")
+    adam_beta2: float = _training(0.95, "AdamW beta2.")
+    clip_grad: float = _training(1.0, "Gradient-norm clip.")
+    global_batch_size: int | None = _training(
+        None, "Samples per optimizer step (default: rollout-batch-size x n-samples-per-prompt)."
+    )
+    micro_batch_size: int = _training(1, "Samples per forward/backward.")
+    use_dynamic_batch_size: bool = _training(False, "Pack micro-batches up to --max-tokens-per-gpu.")
+    max_tokens_per_gpu: int | None = _training(None, "Token budget of a packed micro-batch.")
+    gradient_checkpointing: bool = _training(False, "Recompute activations in backward.")
+    seed: int = _training(1234, "Trainer seed.")
+
+    # algorithm
+    advantage_estimator: str = _algorithm("grpo", "Advantage estimator.", choices=ADVANTAGE_ESTIMATORS)
+    eps_clip: float = _algorithm(0.2, "PPO clip range.")
+    eps_clip_high: float | None = _algorithm(None, "Upper clip range (default: --eps-clip).")
+    kl_coef: float = _algorithm(0.0, "KL penalty folded into the reward.")
+    use_kl_loss: bool = _algorithm(False, "Add a KL term to the loss.")
+    kl_loss_coef: float = _algorithm(0.0, "Weight of the KL loss term.")
+    kl_loss_type: str = _algorithm("k1", "KL estimator.", choices=("k1", "k2", "k3", "low_var_kl"))
+    entropy_coef: float = _algorithm(0.0, "Entropy bonus weight.")
+    use_tis: bool = _algorithm(False, "Truncated importance sampling against rollout logprobs.")
+    tis_clip: float = _algorithm(2.0, "Upper clip of the TIS ratio.")
+    tis_clip_low: float = _algorithm(0.0, "Lower clip of the TIS ratio.")
+    loss_type: str = _algorithm("policy_loss", "Loss.", choices=("policy_loss", "sft_loss"))
+    normalize_advantages: bool = _algorithm(False, "Whiten advantages over the batch.")
+    grpo_std_normalization: bool = _algorithm(
+        True, "Do not divide GRPO advantages by the group std (Dr. GRPO).",
+        flag="--disable-grpo-std-normalization", action="store_false",
+    )
+
+    # checkpoint
+    save: str | None = _checkpoint(None, "Checkpoint directory.")
+    save_interval: int | None = _checkpoint(None, "Save every N rollout steps.")
+    load: str | None = _checkpoint(None, "Resume from this directory (default: --save).")
+
+    # orchestration
+    run_id: str | None = _orchestration(
+        None, "Run name; the same id resumes the run (default: --run-dir's name, else a timestamp)."
+    )
+    run_dir: str | None = _orchestration(None, "Run directory (default: runs/<run-id>).")
+    temporal_address: str | None = _orchestration(None, "Temporal host:port (default: start an embedded dev server).")
+    temporal_namespace: str = _orchestration("default", "Temporal namespace.")
+    rollout_task_queue: str = _orchestration("vime-rollout", "Queue of rollout workflows and light activities.")
+    sandbox_task_queue: str = _orchestration("vime-sandbox", "Queue of sandbox activities.")
+    store_url: str | None = _orchestration(None, "SQLAlchemy URL of the sample store (default: SQLite in run dir).")
+
+    # vLLM: vime's own --vllm-* flags, which take precedence over generated ones
+    vllm_config: str | None = _vllm(None, "YAML: server groups, models and per-group overrides.")
+    vllm_router_ip: str | None = _vllm(None, "Host that generate functions call: the router, or the one server.")
+    vllm_router_port: int | None = _vllm(None, "Port that generate functions call.")
+    vllm_num_servers: int = _vllm(1, "vLLM servers to start.")
+
+    # router
+    router_policy: str = _router("cache_aware", "Routing policy; consistent_hash keeps a session on one server.")
+
+    # derived, not flags
+    vllm_server_args: list[str] = field(default_factory=list)
+    router_args: list[str] = field(default_factory=list)
+    vllm_config_data: dict | None = None
+    argv: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def flag_fields() -> list[dataclasses.Field]:
+    """The `VimeArgs` fields that are command-line flags, in declaration order."""
+    return [f for f in dataclasses.fields(VimeArgs) if "group" in f.metadata]
+
+
+def _option(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser that raises `ConfigError` instead of exiting (help still exits 0)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ConfigError(message.removeprefix("argument "))
+
+
+# ---------------------------------------------------------------- flags forwarded to vLLM / router
+
+_NO_VALUE = object()
+
+# Where `vllm serve`'s parser lives; the first importable one wins (tests point this elsewhere).
+VLLM_PARSER_SOURCES = (
+    ("vllm.entrypoints.launchers.cli_args", "make_arg_parser"),  # vLLM >= 0.2x: `vllm serve` flags
+    ("vllm.entrypoints.openai.cli_args", "make_arg_parser"),  # older layout
+)
+ROUTER_PARSER_SOURCE = ("vllm_router.router_args", "RouterArgs")
+# vLLM flags vime sets per server itself; a user value would break the fleet.
+RESERVED_VLLM = {
+    "--model": "vime passes --hf-checkpoint as the model; set --hf-checkpoint",
+    "--host": "vime assigns each server its address; clients use --vllm-router-ip",
+    "--port": "vime assigns each server its port; clients use --vllm-router-port",
+}
+
+
+@functools.cache
+def _vllm_actions() -> tuple[tuple[argparse.Action, ...], float]:
+    """vLLM's `serve` parser actions and the seconds it took to build them (imports vLLM)."""
+    start = time.perf_counter()
+    errors = []
+    for module_name, attr in VLLM_PARSER_SOURCES:
+        try:
+            make = getattr(importlib.import_module(module_name), attr)
+            from vllm.utils.argparse_utils import FlexibleArgumentParser
+        except Exception as exc:  # noqa: BLE001 - a broken vLLM install fails here too; report it
+            errors.append(f"{module_name}: {exc}")
+            continue
+        return tuple(make(FlexibleArgumentParser())._actions), time.perf_counter() - start
+    raise ImportError("; ".join(errors))
+
+
+@functools.cache
+def _router_actions() -> tuple[argparse.Action, ...]:
+    router_args = getattr(importlib.import_module(ROUTER_PARSER_SOURCE[0]), ROUTER_PARSER_SOURCE[1])
+    parser = argparse.ArgumentParser(add_help=False)
+    router_args.add_cli_args(parser, exclude_host_port=True)  # vime owns where the router listens
+    return tuple(parser._actions)
+
+
+def vllm_parser_build_seconds() -> float:
+    """Seconds this process spent importing vLLM and building its parser (builds it if needed)."""
+    return _vllm_actions()[1]
+
+
+@functools.cache
+def router_policies() -> tuple[str, ...]:
+    try:
+        action = next(a for a in _router_actions() if "--policy" in a.option_strings)
+        return tuple(action.choices)
+    except (ImportError, StopIteration):
+        return _FALLBACK_ROUTER_POLICIES
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and "further information" not in ln]
+    return "; ".join(lines) or type(exc).__name__
+
+
+def _raw_checker(convert: Any, choices: Any) -> Any:
+    """Validate a value with the server's own type and choices, but keep the user's string.
+
+    Server types may turn strings into objects (dataclasses, enums) that do not print back
+    as CLI values, so the forwarded token is always the raw string.
+    """
+
+    def check(raw: str) -> str:
+        value = raw
+        if callable(convert):
+            try:
+                value = convert(raw)
+            except Exception as exc:  # noqa: BLE001 - any failure of the server's type is a bad value
+                raise argparse.ArgumentTypeError(f"invalid value {raw!r}: {_one_line(exc)}") from exc
+        if choices is not None and value not in choices:
+            shown = ", ".join(str(c) for c in choices if c is not None)
+            raise argparse.ArgumentTypeError(f"invalid choice {raw!r} (choose from {shown})")
+        return raw
+
+    return check
+
+
+class _Forward(argparse.Action):
+    """One generated flag: appends its server-side tokens to `namespace.<dest>` (a list).
+
+    Each alias (`--vllm-gpu-memory-utilization`, `--vllm-no-enforce-eager`, ...) is an action
+    of its own, so an error names exactly the option the user typed.
+    """
+
+    def __init__(self, option_strings, dest, *, server_flag, reserved=None, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.server_flag = server_flag
+        self.reserved = reserved
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if self.reserved:
+            parser.error(f"{option_string} is not forwarded: {self.reserved}")
+        tokens = list(getattr(namespace, self.dest, None) or [])
+        if self.nargs == 0 or values is _NO_VALUE:
+            tokens.append(self.server_flag)
+        elif isinstance(values, list):
+            tokens += [self.server_flag, *values]
+        elif values.startswith("-"):
+            tokens.append(f"{self.server_flag}={values}")
+        else:
+            tokens += [self.server_flag, values]
+        setattr(namespace, self.dest, tokens)
+
+
+def _add_forwarded(group, actions, prefix: str, dest: str, taken: set[str], reserved: dict[str, str]) -> None:
+    """Add `--<prefix><flag>` for every long option of the server's `actions`, with the same nargs,
+    type and choices; options already in `taken` (vime's own flags) keep their vime meaning."""
+    for action in actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        why = next((reserved[o] for o in action.option_strings if o in reserved), None)
+        kwargs: dict[str, Any] = {"nargs": action.nargs, "default": argparse.SUPPRESS, "help": argparse.SUPPRESS}
+        if action.nargs != 0:
+            kwargs["type"] = _raw_checker(action.type, action.choices)
+            kwargs["metavar"] = action.metavar or action.dest.upper()
+            if action.nargs == "?":
+                kwargs["const"] = _NO_VALUE
+        for opt in action.option_strings:
+            # A router flag already named router-* keeps its name (--router-temperature, not doubled).
+            ours = opt if prefix == "router-" and opt.startswith("--router-") else f"--{prefix}{opt[2:]}"
+            if not opt.startswith("--") or ours in taken:
+                continue
+            taken.add(ours)
+            group.add_argument(ours, action=_Forward, dest=dest, server_flag=opt, reserved=why, **kwargs)
+
+
+# ---------------------------------------------------------------- the parser
+
+
+def build_parser(*, vllm: bool = False, router: bool = False) -> argparse.ArgumentParser:
+    """vime's parser; `vllm=True` / `router=True` add the generated `--vllm-*` / `--router-*` flags.
+
+    Raises ConfigError when the generated flags are asked for but vLLM / vllm-router is missing.
+    """
+    parser = _Parser(
+        prog="vime",
+        usage="%(prog)s [flags]",
+        allow_abbrev=False,
+        description="Agentic RL: vLLM rollouts, FSDP2 training, Temporal orchestration. Flags use slime's names.",
+    )
+    groups = {name: parser.add_argument_group(name, desc) for name, desc in GROUPS.items()}
+    hints = typing.get_type_hints(VimeArgs)
+    for f in flag_fields():
+        meta = dict(f.metadata)
+        group = groups[meta.pop("group")]
+        option = meta.pop("flag", None) or _option(f)
+        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, **meta}
+        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+        if default is not None and not isinstance(default, (bool, dict)):
+            kwargs["help"] += f" (default: {default})"
+        hint = hints[f.name]
+        base = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) else []
+        if hint is bool:
+            kwargs.setdefault("action", "store_false" if f.default else "store_true")
+        elif "type" not in kwargs:
+            inner = base[0] if base else hint
+            if typing.get_origin(inner) is list:
+                kwargs.update(nargs="+", type=typing.get_args(inner)[0])
+            else:
+                kwargs["type"] = inner
+        if f.name == "router_policy":
+            kwargs["choices"] = router_policies()
+        if "choices" in kwargs and "action" not in kwargs:
+            kwargs["metavar"] = "{" + ",".join(kwargs["choices"]) + "}"
+        group.add_argument(option, **kwargs)
+
+    taken = set(parser._option_string_actions)
+    if vllm:
+        try:
+            actions, _ = _vllm_actions()
+        except ImportError as exc:
+            raise ConfigError(
+                f"--vllm-* server flags need vLLM, which cannot be imported here ({exc}); "
+                "install it with `pip install 'vime[cpu]'` (CPU hosts) or `pip install 'vime[gpu]'`"
+            ) from exc
+        _add_forwarded(groups["vLLM"], actions, "vllm-", "vllm_server_args", taken, RESERVED_VLLM)
+    if router:
+        try:
+            actions = _router_actions()
+        except ImportError as exc:
+            raise ConfigError(
+                f"--router-* flags need vllm-router, which cannot be imported here ({exc}); "
+                "install it with `pip install 'vime[cpu]'` or `pip install 'vime[gpu]'`"
+            ) from exc
+        _add_forwarded(groups["router"], actions, "router-", "router_args", taken, {})
+    return parser
+
+
+def _own_options() -> set[str]:
+    return {_option(f) for f in flag_fields()}
+
+
+def _uses_prefix(argv: list[str], prefix: str, own: set[str]) -> bool:
+    return any(t.startswith(prefix) and t.split("=", 1)[0] not in own for t in argv)
+
+
+def _pull_dotted_vllm(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
+    """Take vLLM's dotted JSON form (`--vllm-compilation-config.mode 3`) out of argv.
+
+    argparse does not know these options; vLLM's parser assembles them into one JSON value.
+    """
+    rest, forwarded = [], []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        key = tok.split("=", 1)[0]
+        base = key.split(".", 1)[0]
+        action = parser._option_string_actions.get(base) if "." in key and tok.startswith("--vllm-") else None
+        if isinstance(action, _Forward) and action.nargs != 0:
+            server = action.server_flag + key[len(base):]
+            if "=" in tok:
+                forwarded.append(f"{server}={tok.split('=', 1)[1]}")
+            elif i + 1 < len(argv):
+                forwarded += [server, argv[i + 1]]
+                i += 1
+            else:
+                raise ConfigError(f"{key}: expected one argument")
+            i += 1
+            continue
+        rest.append(tok)
+        i += 1
+    return rest, forwarded
+
+
+def _unknown_flag_error(extras: list[str], parser: argparse.ArgumentParser) -> ConfigError:
+    flag = next((t for t in extras if t.startswith("-")), None)
+    if flag is None:
+        return ConfigError(f"unexpected argument {extras[0]!r} (vime takes flags only)")
+    name = flag.split("=", 1)[0]
+    known = [o for o in parser._option_string_actions if o.startswith("--")]
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    where = "; vLLM has no such flag" if name.startswith("--vllm-") else ""
+    where = "; vllm-router has no such flag" if name.startswith("--router-") else where
+    return ConfigError(f"unknown flag {name}{where}{hint}; see `vime --help`")
+
+
+def parse_args(argv: list[str] | None = None) -> VimeArgs:
+    """Parse `argv` (default: sys.argv[1:]) into `VimeArgs`; every problem raises `ConfigError`.
+
+    Values are checked here where it is cheap: types and choices (vLLM's and the router's own
+    for the forwarded flags), positive sizes, and the cross-flag defaults slime applies.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own = _own_options()
+    wants_help = any(a in ("-h", "--help") for a in argv)  # help lists the generated groups too
+    parser = build_parser(vllm=wants_help or _uses_prefix(argv, "--vllm-", own),
+                          router=wants_help or _uses_prefix(argv, "--router-", own))
+    tokens, dotted = _pull_dotted_vllm(argv, parser)
+    namespace, extras = parser.parse_known_args(tokens)
+    if extras:
+        raise _unknown_flag_error(extras, parser)
+    values = vars(namespace)
+    args = VimeArgs(**{f.name: values[f.name] for f in flag_fields() if f.name in values})
+    args.vllm_server_args = values.get("vllm_server_args", []) + dotted
+    args.router_args = values.get("router_args", [])
+    if "router_policy" in values:
+        args.router_args = ["--policy", args.router_policy, *args.router_args]
+    _resolve(args)
+    args.argv = [*argv, "--run-id", args.run_id, "--run-dir", args.run_dir]
+    return args
+
+
+def parse_args_or_exit(argv: list[str] | None = None) -> VimeArgs:
+    """For command-line entry points: a `ConfigError` becomes one line on stderr and exit code 2."""
+    try:
+        return parse_args(argv)
+    except ConfigError as exc:
+        print(f"vime: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+# ---------------------------------------------------------------- defaults and checks across flags
+
+_POSITIVE = (
+    "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size", "global_batch_size",
+    "micro_batch_size", "num_rollout", "num_epoch", "rollout_max_response_len", "rollout_max_prompt_len",
+    "max_tokens_per_gpu", "save_interval", "eval_interval", "vllm_num_servers",
+)
+_NON_NEGATIVE = ("max_staleness", "lr", "min_lr", "lr_warmup_iters", "weight_decay", "clip_grad", "eps_clip",
+                 "kl_coef", "kl_loss_coef", "entropy_coef")
+_HOOK_PATHS = ("rollout_function_path", "custom_generate_function_path", "dynamic_sampling_filter_path",
+               "buffer_filter_path", "eval_function_path", "custom_rm_path", "data_source_path")
+
+
+def _resolve(args: VimeArgs) -> None:
+    """Fill defaults that depend on other flags and reject combinations that cannot work."""
+    from vime.plugins import split_path
+
+    for name in _POSITIVE:
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    for name in _NON_NEGATIVE:
+        if getattr(args, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    for name in _HOOK_PATHS:
+        if getattr(args, name) is not None:
+            split_path(getattr(args, name), "--" + name.replace("_", "-"))
+    if args.rollout_temperature <= 0:
+        raise ConfigError(
+            f"--rollout-temperature must be > 0, got {args.rollout_temperature} (0 is greedy decoding, not a policy)"
+        )
+    if not 0 < args.rollout_top_p <= 1:
+        raise ConfigError(f"--rollout-top-p must be in (0, 1], got {args.rollout_top_p}")
+    if args.vllm_router_port is not None and not 0 < args.vllm_router_port < 65536:
+        raise ConfigError(f"--vllm-router-port must be a TCP port (1-65535), got {args.vllm_router_port}")
+
+    if args.eps_clip_high is None:
+        args.eps_clip_high = args.eps_clip
+    if args.load is None:
+        args.load = args.save
+    if args.over_sampling_batch_size is None:
+        args.over_sampling_batch_size = args.rollout_batch_size
+    if args.rollout_batch_size is not None:
+        per_rollout = args.rollout_batch_size * args.n_samples_per_prompt
+        if args.global_batch_size is None:
+            args.global_batch_size = per_rollout
+        elif per_rollout % args.global_batch_size:
+            raise ConfigError(
+                f"--global-batch-size {args.global_batch_size} must divide --rollout-batch-size x "
+                f"--n-samples-per-prompt = {per_rollout}, so every rollout step is whole optimizer steps"
+            )
+    if args.save_interval is not None and args.save is None:
+        raise ConfigError("--save-interval needs --save (where to write checkpoints)")
+    if args.kl_coef and args.kl_loss_coef:
+        raise ConfigError("set only one of --kl-coef (reward penalty) and --kl-loss-coef (loss term)")
+    if args.advantage_estimator.startswith("reinforce_plus_plus") and not args.normalize_advantages:
+        raise ConfigError(f"--advantage-estimator {args.advantage_estimator} needs --normalize-advantages")
+    if args.eval_interval is not None and not args.eval_prompt_data:
+        raise ConfigError("--eval-interval needs --eval-prompt-data (name path pairs)")
+    if args.use_dynamic_batch_size and args.max_tokens_per_gpu is None:
+        raise ConfigError("--use-dynamic-batch-size needs --max-tokens-per-gpu")
+    if args.rm_type == "remote_rm" and not args.rm_url:
+        raise ConfigError("--rm-type remote_rm needs --rm-url")
+
+    if args.run_id is None:
+        args.run_id = Path(args.run_dir).name if args.run_dir else time.strftime("run-%Y%m%d-%H%M%S")
+    if args.run_dir is None:
+        args.run_dir = str(Path("runs") / args.run_id)
+    args.run_dir = os.path.abspath(args.run_dir)
+    if args.store_url is None:
+        args.store_url = f"sqlite:///{Path(args.run_dir) / 'vime.db'}"
+    if args.vllm_config is not None:
+        args.vllm_config_data = _read_vllm_config(args.vllm_config)
+
+
+def _read_vllm_config(path: str) -> dict:
+    """Check that --vllm-config exists and is a YAML mapping; its schema is the engine's to check."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"--vllm-config {path!r}: cannot read it ({exc.strerror})") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--vllm-config {path!r}: not valid YAML ({_one_line(exc)})") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"--vllm-config {path!r}: expected a YAML mapping at the top, got {type(data).__name__}")
+    return data

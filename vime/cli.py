@@ -1,0 +1,71 @@
+"""The `vime` command: `vime <command> [flags]`.
+
+Every command parses the same flags (`vime.args`), so a flag means one thing everywhere.
+A `VimeError` ends the command with one line naming what to fix, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from vime.errors import VimeError
+
+USAGE = """usage: vime <command> [flags]
+
+commands:
+  smoke        start the embedded Temporal + vLLM services and sample from the model once
+  tiny-model   build (or find in the cache) the tiny test model and print its directory
+
+`vime <command> --help` lists the flags, grouped (data, rollout, reward, training, ...,
+vLLM: every vLLM engine flag as --vllm-<flag>, router: every router flag as --router-<flag>).
+"""
+
+
+def _smoke(argv: list[str]) -> int:
+    from vime.args import parse_args
+    from vime.smoke import main
+
+    return main(parse_args(argv))
+
+
+def _tiny_model(argv: list[str]) -> int:
+    from vime.testing.tiny_model import main
+
+    return main(argv) or 0
+
+
+COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "smoke": _smoke,
+    "tiny-model": _tiny_model,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        if argv:
+            from vime.args import build_parser
+
+            build_parser(vllm=True, router=True).print_help()
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"vime: error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    from vime.log import configure_logging
+
+    configure_logging()
+    try:
+        return COMMANDS[command](rest)
+    except VimeError as e:
+        print(f"vime {command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"vime {command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
