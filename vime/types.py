@@ -160,7 +160,7 @@ def _parse_status(value: Any) -> Sample.Status:
 
 @dataclass(frozen=True)
 class SampleRef:
-    """Claim check for one stored sample: `store.read_samples([ref])` gives it back."""
+    """Claim check for one stored sample: `store.read_samples(run_id, [ref])` gives it back."""
 
     run_id: str
     key: str

@@ -1,0 +1,75 @@
+"""Bring a store's schema to the newest migration: `upgrade_to_head(engine)` on every open.
+
+Migrations ship inside the package (`vime/store/migrations/`) and run programmatically, with
+no alembic.ini on disk. For hand use: `alembic_config(url=...)` gives a `Config` that
+`alembic.command` functions accept (`command.current`, `command.history`, ...).
+
+Invariant: after `upgrade_to_head` returns, the database is at `head_revision()`. It is
+idempotent, and safe when several processes open a fresh database at once: on SQLite the
+upgrade runs in one `BEGIN IMMEDIATE` transaction (the second process waits, then finds the
+schema at head); on Postgres it takes a transaction-scoped advisory lock; on anything else a
+failed concurrent upgrade is accepted when the database ends up at head.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
+
+from vime.errors import ConfigError
+from vime.store.engine import shown, write_transaction
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+_PG_LOCK_ID = 0x76696D65  # "vime"
+
+
+def alembic_config(connection: Connection | None = None, *, url: str | None = None) -> Config:
+    """An Alembic `Config` for vime's migrations, bound to an open `connection` or to `url`."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR).replace("%", "%%"))
+    if url is not None:
+        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None, f"no migrations found in {MIGRATIONS_DIR}"
+    return head
+
+
+def current_revision(connection: Connection) -> str | None:
+    """The revision the database is at; None for a database vime has never opened."""
+    return MigrationContext.configure(connection).get_current_revision()
+
+
+def upgrade_to_head(engine: Engine) -> None:
+    head = head_revision()
+    if _revision(engine) == head:
+        return
+    try:
+        with write_transaction(engine) as connection:
+            if connection.dialect.name == "postgresql":
+                connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_LOCK_ID})")
+            command.upgrade(alembic_config(connection), "head")
+    except CommandError as exc:
+        raise ConfigError(
+            f"store {shown(engine.url)!r} cannot be migrated ({exc}); if another (newer) vime "
+            f"created it, upgrade vime, or open a fresh run directory"
+        ) from None
+    except DBAPIError:
+        if _revision(engine) != head:
+            raise
+
+
+def _revision(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        return current_revision(connection)
