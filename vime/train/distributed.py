@@ -1,0 +1,63 @@
+"""torch.distributed set-up for the trainer: gloo on CPU, NCCL on GPU, one rank by default.
+
+A trainer is a process group launched by torchrun (or a single process). Rank 0 serves the
+trainer's Temporal task queue and drives the others: it broadcasts each command, and every
+rank executes it, so the collectives inside FSDP2 line up.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def init_distributed() -> torch.device:
+    """Join (or create) the default process group; return this rank's device.
+
+    Without torchrun's environment this becomes a one-rank group on a free local port, so the
+    same FSDP2 code path runs in tests and on a laptop.
+    """
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:
+            from vime.engine.server import free_port
+
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=str(free_port()))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend)
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        return device
+    return torch.device("cpu")
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def broadcast_object(obj: Any = None, src: int = 0) -> Any:
+    """Rank `src` sends `obj`; every rank returns it (small, picklable commands only)."""
+    if world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
+    """Sum a dict of scalars over ranks (every rank must pass the same keys in the same order)."""
+    if world_size() == 1 or not values:
+        return dict(values)
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64,
+                     device="cuda" if torch.cuda.is_available() else "cpu")
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))

@@ -1,0 +1,217 @@
+"""The trainer: an HF causal LM under FSDP2, one `train_step` per rollout batch.
+
+One `Trainer` lives in each rank of a trainer process group (see `distributed.py`); every
+method here is collective: all ranks call it with the same arguments, in the same order.
+
+A rollout batch (the rollouts of one rollout step) becomes one or more optimizer steps of
+`--global-batch-size` rollouts each (siblings never split). Advantages are computed over the
+whole batch first (GRPO needs whole groups); each rollout then contributes one token-weighted
+mean to its optimizer step's loss (`batching.loss_weights`), so the loss does not depend on
+how samples fall into micro-batches or ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.distributed.fsdp import fully_shard
+
+from vime.train import distributed as dist_utils
+from vime.train.advantages import advantages_for_samples
+from vime.train.batching import TrainSample, group_rollouts, pack, plan_micro_batches, prepare_step, split_into_steps
+from vime.train.losses import LossConfig, compute_loss, entropy_from_logits, kl_divergence, token_logprobs
+from vime.types import Sample
+
+DEFAULT_TOKEN_BUDGET = 8192
+
+
+@dataclass
+class StepResult:
+    step: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def lr_lambda(args: Any, total_steps: int):
+    """LR multiplier per optimizer step: linear warmup, then constant / linear / cosine to min_lr."""
+    warmup = args.lr_warmup_iters or 0
+    floor = (args.min_lr / args.lr) if args.lr else 0.0
+
+    def f(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if args.lr_decay_style == "constant" or total_steps <= warmup:
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+        if args.lr_decay_style == "linear":
+            return floor + (1 - floor) * (1 - progress)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, *, trainable: bool,
+                   gradient_checkpointing: bool = False) -> torch.nn.Module:
+    """Load an HF causal LM and shard it with FSDP2: each decoder layer, then the root."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
+    if gradient_checkpointing and trainable:
+        model.gradient_checkpointing_enable()
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    model.train(trainable)
+    if not trainable:
+        model.requires_grad_(False)
+    return model
+
+
+class Trainer:
+    """Policy, optional frozen reference, AdamW and the LR schedule, on this rank."""
+
+    def __init__(self, args: Any, model_path: str | None = None) -> None:
+        self.args = args
+        self.device = dist_utils.init_distributed()
+        torch.manual_seed(args.seed)
+        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.model_path = model_path or args.hf_checkpoint
+        self.model = load_causal_lm(self.model_path, self.device, self.dtype, trainable=True,
+                                    gradient_checkpointing=args.gradient_checkpointing)
+        needs_ref = args.use_kl_loss or args.kl_coef > 0
+        self.ref_model = (load_causal_lm(getattr(args, "ref_load", None) or args.hf_checkpoint, self.device,
+                                         self.dtype, trainable=False) if needs_ref else None)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
+                                           weight_decay=args.weight_decay)
+        total = (args.num_rollout or 1000) * max(1, self._optimizer_steps_per_rollout())
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(args, total))
+        self.loss_config = LossConfig.from_args(args)
+        self.temperature = args.rollout_temperature
+        self.budget = args.max_tokens_per_gpu or DEFAULT_TOKEN_BUDGET
+        self.step = 0  # rollout steps applied to these weights
+
+    def _optimizer_steps_per_rollout(self) -> int:
+        a = self.args
+        if not a.rollout_batch_size or not a.global_batch_size:
+            return 1
+        return max(1, a.rollout_batch_size * a.n_samples_per_prompt // a.global_batch_size)
+
+    # ---- forward passes ----------------------------------------------------------------------
+
+    def _forward(self, model: torch.nn.Module, micro_batch: list, *, entropy: bool = False):
+        """Response-token logprobs (and entropy) of a packed micro-batch."""
+        if not micro_batch:  # padding micro-batch (ranks must run the same count): a dummy forward
+            out = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device), use_cache=False)
+            return None, out.logits.sum() * 0.0, None
+        packed = pack(micro_batch).to(self.device)
+        logits = model(**packed.model_inputs()).logits[0, packed.logit_index]
+        lp = token_logprobs(logits, packed.targets, self.temperature)
+        ent = entropy_from_logits(logits, self.temperature) if entropy else None
+        return packed, lp, ent
+
+    @torch.no_grad()
+    def _logprobs_of(self, model: torch.nn.Module, plan: list[list[list]]) -> dict[int, torch.Tensor]:
+        """Per-sample logprobs (keyed by id of the Sample) over this rank's share of `plan`."""
+        out: dict[int, torch.Tensor] = {}
+        for step_plan in plan:
+            for mb in step_plan[dist_utils.rank()]:
+                packed, lp, _ = self._forward(model, mb)
+                if packed is None:
+                    continue
+                for item, piece in zip(mb, packed.split(lp.float().cpu())):
+                    out[id(item.sample if isinstance(item, TrainSample) else item)] = piece
+        return out
+
+    # ---- one rollout step --------------------------------------------------------------------
+
+    def train_step(self, samples: list[Sample]) -> StepResult:
+        """Train on one rollout batch; returns the step's metrics (identical on every rank)."""
+        t0 = time.monotonic()
+        args, world = self.args, dist_utils.world_size()
+        rollouts = group_rollouts(samples)
+        per_step = args.global_batch_size or len(rollouts)
+        steps, rest = split_into_steps(rollouts, per_step)
+        steps = steps + ([rest] if rest else [])
+        flat = [s for step in steps for r in step for s in r]
+
+        # Plans are computed once, deterministically, so every pass below sees the same layout.
+        zero_adv = [torch.zeros(s.response_length) for s in flat]
+        offsets = [0]
+        for step in steps:
+            offsets.append(offsets[-1] + sum(len(r) for r in step))
+        shells = [prepare_step(step, zero_adv[offsets[i]:offsets[i + 1]]) for i, step in enumerate(steps)]
+        plan = [plan_micro_batches(items, world, self.budget) for items in shells]
+
+        ref_lp = self._logprobs_of(self.ref_model, plan) if self.ref_model is not None else {}
+        old_lp = self._logprobs_of(self.model, plan) if len(steps) > 1 else {}
+        kl = None
+        if args.kl_coef > 0 and ref_lp:
+            kl = [kl_divergence(old_lp.get(id(s), torch.tensor(s.rollout_log_probs)), ref_lp[id(s)], "k1")
+                  if id(s) in ref_lp else torch.zeros(s.response_length) for s in flat]
+        adv = advantages_for_samples(flat, args.advantage_estimator, reward_key=args.reward_key, kl=kl,
+                                     kl_coef=args.kl_coef,
+                                     normalize_std=not getattr(args, "disable_grpo_std_normalization", False))
+        by_id = {id(s): a for s, a in zip(flat, adv.per_token)}
+        for items in shells:
+            for item in items:
+                item.advantages = by_id[id(item.sample)].float().reshape(-1)
+
+        sums: dict[str, float] = {}
+        grad_norms = []
+        for i, step_plan in enumerate(plan):
+            for mb in step_plan[dist_utils.rank()]:
+                packed, lp, ent = self._forward(self.model, mb, entropy=self.loss_config.entropy_coef != 0)
+                if packed is None:
+                    (lp * world).backward()
+                    continue
+                def gather(d: dict[int, torch.Tensor], mb=mb) -> torch.Tensor:
+                    return torch.cat([d[id(x.sample)] for x in mb]).to(self.device)
+
+                loss, metrics = compute_loss(
+                    self.loss_config, log_probs=lp, loss_mask=packed.loss_mask, weight=packed.weights,
+                    advantages=packed.advantages,
+                    old_log_probs=gather(old_lp) if old_lp else None,
+                    ref_log_probs=gather(ref_lp) if ref_lp else None,
+                    rollout_log_probs=packed.rollout_log_probs, entropy=ent, sample_index=packed.sample_index,
+                )
+                (loss * world).backward()  # FSDP averages gradients over ranks; the weights are global
+                wm = packed.weights * packed.loss_mask
+                if i == 0 and packed.rollout_log_probs is not None:
+                    metrics["train_rollout_logprob_abs_diff"] = (
+                        (lp.detach() - packed.rollout_log_probs).abs() * wm).sum()
+                if ref_lp and "kl_loss" not in metrics:
+                    metrics["ref_kl"] = (kl_divergence(lp.detach(), gather(ref_lp), "k1") * wm).sum()
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(v) / len(plan)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad)
+            grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+        metrics = dist_utils.all_reduce_sum(dict(sorted(sums.items())))
+        metrics.update({f"adv_{k}": float(v) for k, v in adv.stats.items()})
+        rewards = [r for r in (getattr(s, "reward", None) for s in flat) if isinstance(r, (int, float))]
+        metrics["reward_mean"] = sum(rewards) / len(rewards) if rewards else float("nan")
+        metrics["response_length_mean"] = sum(s.response_length for s in flat) / max(1, len(flat))
+        metrics["grad_norm"] = sum(grad_norms) / max(1, len(grad_norms))
+        metrics["lr"] = self.scheduler.get_last_lr()[0]
+        metrics["optimizer_steps"] = len(plan)
+        metrics["samples"] = len(flat)
+        metrics["rollouts"] = len(rollouts)
+        elapsed = time.monotonic() - t0
+        metrics["train_seconds"] = elapsed
+        metrics["train_tokens_per_second"] = sum(len(s.tokens) for s in flat) / max(elapsed, 1e-9)
+        self.step += 1
+        return StepResult(self.step, metrics)
+
+    # ---- weights out -------------------------------------------------------------------------
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) weights on CPU with HF names; collective, the dict is filled on rank 0 only."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
