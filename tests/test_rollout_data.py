@@ -1,0 +1,228 @@
+"""Prompt data: files to samples, positions to prompt groups, the data source's checkpoint state."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from vime.args import parse_args
+from vime.errors import ConfigError
+from vime.rollout.data_source import PromptDataset, RolloutDataSource, make_data_source
+from vime.rollout.sampling import params_for_sample, sampling_params_from_args
+from vime.types import Sample
+
+RECORDS = [
+    {"input": f"What is {i} + {i}?", "label": str(2 * i), "metadata": {"id": i}} for i in range(7)
+]
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def write_parquet(path, records):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(records), path)
+    return path
+
+
+def make_args(tmp_path, *extra):
+    return parse_args(["--run-dir", str(tmp_path / "run"), *extra])
+
+
+@pytest.fixture
+def jsonl(tmp_path):
+    return write_jsonl(tmp_path / "prompts.jsonl", RECORDS)
+
+
+def test_positions_cover_every_prompt_once_per_epoch_in_a_seeded_order(tmp_path, jsonl):
+    args = make_args(tmp_path, "--prompt-data", str(jsonl), "--label-key", "label", "--rollout-shuffle")
+    source = RolloutDataSource(args)
+    n = len(source)
+    assert n == 7
+    epochs = [[source.prompt_group(p)[0].prompt for p in range(e * n, (e + 1) * n)] for e in range(3)]
+    for order in epochs:
+        assert sorted(order) == sorted(r["input"] for r in RECORDS)
+    assert epochs[0] != epochs[1] or epochs[1] != epochs[2], "each epoch has its own permutation"
+    again = RolloutDataSource(make_args(tmp_path, "--prompt-data", str(jsonl), "--rollout-shuffle"))
+    assert [again.prompt_group(p)[0].prompt for p in range(3 * n)] == sum(epochs, [])
+    reseeded = RolloutDataSource(make_args(tmp_path, "--prompt-data", str(jsonl), "--rollout-shuffle",
+                                           "--rollout-seed", "7"))
+    assert [reseeded.prompt_group(p)[0].prompt for p in range(n)] != epochs[0]
+
+
+def test_without_shuffle_positions_follow_the_file(tmp_path, jsonl):
+    source = RolloutDataSource(make_args(tmp_path, "--prompt-data", str(jsonl)))
+    assert [source.prompt_group(p)[0].prompt for p in range(9)] == [RECORDS[p % 7]["input"] for p in range(9)]
+    assert source.locate(15) == (2, 1)
+
+
+def test_a_prompt_group_is_n_fresh_copies_with_position_based_indices(tmp_path, jsonl):
+    args = make_args(tmp_path, "--prompt-data", str(jsonl), "--label-key", "label", "--n-samples-per-prompt", "3")
+    source = RolloutDataSource(args)
+    group = source.prompt_group(4)
+    assert [s.group_index for s in group] == [4, 4, 4]
+    assert [s.index for s in group] == [12, 13, 14]
+    assert all(s.label == "8" and s.metadata == {"id": 4} and s.status == Sample.Status.PENDING for s in group)
+    group[0].metadata["touched"] = True
+    assert "touched" not in group[1].metadata and "touched" not in source.prompt_group(4)[0].metadata
+
+
+def test_get_samples_advances_a_cursor_that_the_checkpoint_restores(tmp_path, jsonl):
+    args = make_args(tmp_path, "--prompt-data", str(jsonl), "--n-samples-per-prompt", "2", "--rollout-shuffle")
+    source = RolloutDataSource(args)
+    first = source.get_samples(3)
+    assert [g[0].group_index for g in first] == [0, 1, 2]
+    state = json.loads(json.dumps(source.state_dict()))  # JSON-able, as the workflow state needs
+    later = source.get_samples(9)
+
+    resumed = RolloutDataSource(args)
+    resumed.load_state_dict(state)
+    assert [[s.prompt for s in g] for g in resumed.get_samples(9)] == [[s.prompt for s in g] for g in later]
+    assert resumed.position == 12
+
+
+def test_handed_back_groups_come_first_and_survive_the_checkpoint(tmp_path, jsonl):
+    args = make_args(tmp_path, "--prompt-data", str(jsonl), "--save", str(tmp_path / "ckpt"))
+    source = RolloutDataSource(args)
+    aborted = source.get_samples(2)
+    aborted[0][0].status = Sample.Status.ABORTED
+    source.add_samples(aborted)
+    source.save(5)
+
+    resumed = RolloutDataSource(args)
+    resumed.load(5)
+    assert resumed.get_buffer_length() == 2
+    groups = resumed.get_samples(3)
+    assert [g[0].group_index for g in groups] == [0, 1, 2]
+    assert groups[0][0].status == Sample.Status.ABORTED
+    with pytest.raises(ConfigError, match="add_samples expects"):
+        resumed.add_samples([[1, 2]])
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_parquet_and_jsonl_give_the_same_samples(tmp_path, chat):
+    records = [
+        {**r, "input": [{"role": "user", "content": r["input"]}] if chat else r["input"]} for r in RECORDS
+    ]
+    jsonl = write_jsonl(tmp_path / "prompts.jsonl", records)
+    parquet = write_parquet(tmp_path / "prompts.parquet", records)
+    from_jsonl = PromptDataset(str(jsonl), label_key="label")
+    from_parquet = PromptDataset(str(parquet), label_key="label")
+    assert [s.to_dict() for s in from_jsonl.samples] == [s.to_dict() for s in from_parquet.samples]
+    assert from_parquet[3].prompt == records[3]["input"] and from_parquet[3].metadata == {"id": 3}
+
+
+def test_a_path_slice_takes_some_records(tmp_path, jsonl):
+    dataset = PromptDataset(f"{jsonl}@[2:4]")
+    assert [s.prompt for s in dataset.samples] == [RECORDS[2]["input"], RECORDS[3]["input"]]
+
+
+@pytest.mark.parametrize(
+    ("content", "flags", "match"),
+    [
+        ('{"input": "a"}\n{"input": \n', [], r"prompts.jsonl:2: not valid JSON"),
+        ('{"input": "a"}\n\n{"question": "b"}\n', [],
+         r"prompts.jsonl:3: no key 'input' \(the record has \['question'\]\); set --input-key"),
+        ('{"input": "a"}\n', ["--label-key", "answer"], r"prompts.jsonl:1: no key 'answer'.*--label-key"),
+        ("\n\n", [], r"prompts.jsonl': the file has no records"),
+        ('[1, 2]\n', [], r"prompts.jsonl:1: expected a JSON object per line, got list"),
+        ('{"input": 3}\n', [], r"prompts.jsonl:1: 'input' must be a string or a list of chat messages, got int"),
+        ('{"input": "a", "metadata": [1]}\n', [], r"prompts.jsonl:1: 'metadata' must be an object, got list"),
+        ('{"input": "a", "tools": "{oops"}\n', [], r"prompts.jsonl:1 key 'tools': tools are a string but not JSON"),
+    ],
+)
+def test_bad_data_names_the_file_the_line_and_the_key(tmp_path, content, flags, match):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=match):
+        RolloutDataSource(make_args(tmp_path, "--prompt-data", str(path), *flags))
+
+
+def test_missing_and_unsupported_files_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match=r"--prompt-data '.*nope.jsonl': no such file"):
+        PromptDataset(str(tmp_path / "nope.jsonl"))
+    (tmp_path / "p.csv").write_text("input\na\n")
+    with pytest.raises(ConfigError, match=r"unsupported file type '.csv'; use .jsonl or .parquet"):
+        PromptDataset(str(tmp_path / "p.csv"))
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    with pytest.raises(ConfigError, match=r"not a readable Parquet file"):
+        PromptDataset(str(tmp_path / "bad.parquet"))
+
+
+def test_chat_template_renders_messages_with_the_records_tools(tmp_path, tiny_model_dir):
+    tools = [{"type": "function", "function": {"name": "add", "description": "Add two numbers",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    path = write_jsonl(tmp_path / "chat.jsonl", [
+        {"input": [{"role": "user", "content": "add 1 and 2"}], "tools": tools},
+        {"input": "plain text becomes a user turn"},
+    ])
+    args = make_args(tmp_path, "--prompt-data", str(path), "--hf-checkpoint", str(tiny_model_dir),
+                     "--apply-chat-template")
+    first, second = RolloutDataSource(args).dataset.samples
+    assert first.prompt.startswith("<|im_start|>system") and '"name": "add"' in first.prompt
+    assert first.prompt.endswith("<|im_start|>assistant\n")
+    assert first.metadata["tools"] == tools
+    assert "<|im_start|>user\nplain text becomes a user turn<|im_end|>" in second.prompt
+
+
+def test_max_prompt_len_drops_long_prompts_and_refuses_to_drop_all(tmp_path, tiny_model_dir):
+    records = [{"input": "a short one"}, {"input": "long " * 200}, {"input": "a tiny one"}]
+    path = write_jsonl(tmp_path / "p.jsonl", records)
+    args = make_args(tmp_path, "--prompt-data", str(path), "--hf-checkpoint", str(tiny_model_dir),
+                     "--rollout-max-prompt-len", "50")
+    dataset = RolloutDataSource(args).dataset
+    assert [s.prompt for s in dataset.samples] == ["a short one", "a tiny one"] and dataset.num_filtered == 1
+    args = make_args(tmp_path, "--prompt-data", str(path), "--hf-checkpoint", str(tiny_model_dir),
+                     "--rollout-max-prompt-len", "1")
+    with pytest.raises(ConfigError, match=r"all 3 prompts are longer than --rollout-max-prompt-len 1"):
+        RolloutDataSource(args)
+    with pytest.raises(ConfigError, match=r"--rollout-max-prompt-len needs the tokenizer: set --hf-checkpoint"):
+        RolloutDataSource(make_args(tmp_path, "--prompt-data", str(path), "--rollout-max-prompt-len", "5"))
+
+
+def test_without_prompt_data_groups_are_blank_samples(tmp_path):
+    source = RolloutDataSource(make_args(tmp_path, "--n-samples-per-prompt", "2"))
+    assert len(source) == 0
+    assert [(s.prompt, s.index) for s in source.prompt_group(3)] == [("", 6), ("", 7)]
+
+
+def test_data_source_path_replaces_the_class(tmp_path, monkeypatch, jsonl):
+    (tmp_path / "my_source_mod.py").write_text(textwrap.dedent("""
+        from vime.rollout.data_source import RolloutDataSource
+
+        class Reversed(RolloutDataSource):
+            def prompt_group(self, position):
+                group = super().prompt_group(position)
+                for s in group:
+                    s.prompt = s.prompt[::-1]
+                return group
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    args = make_args(tmp_path, "--prompt-data", str(jsonl), "--data-source-path", "my_source_mod.Reversed")
+    source = make_data_source(args)
+    assert source.get_samples(1)[0][0].prompt == RECORDS[0]["input"][::-1]
+    assert type(make_data_source(make_args(tmp_path, "--prompt-data", str(jsonl)))) is RolloutDataSource
+
+
+def test_sampling_params_use_vllms_names_and_a_seed_per_sample(tmp_path):
+    args = make_args(tmp_path, "--rollout-max-response-len", "64", "--rollout-temperature", "0.7",
+                     "--rollout-top-p", "0.9", "--rollout-top-k", "20", "--rollout-stop", "</s>", "###",
+                     "--rollout-stop-token-ids", "2", "--rollout-skip-special-tokens", "--rollout-seed", "10")
+    params = sampling_params_from_args(args)
+    assert params == {
+        "temperature": 0.7, "top_p": 0.9, "top_k": 20, "max_tokens": 64, "skip_special_tokens": True,
+        "spaces_between_special_tokens": False, "stop": ["</s>", "###"], "include_stop_str_in_output": True,
+        "stop_token_ids": [2],
+    }
+    assert params_for_sample(params, args, Sample(index=5))["seed"] == 15
+    assert "seed" not in params
+    assert params_for_sample({"seed": 3}, args, Sample(index=5))["seed"] == 3
+    args.eval_temperature = 0.0
+    assert sampling_params_from_args(args, evaluation=True)["temperature"] == 0.0
+    assert "max_tokens" not in sampling_params_from_args(make_args(tmp_path))

@@ -1,0 +1,196 @@
+"""One prompt group, generated and scored: the unit of work of a rollout activity.
+
+`run_group(args, group)` runs the generate function (`--custom-generate-function-path`, else
+`vime.rollout.generate.generate`) on every sample of the group concurrently, then the reward
+function where the generate function left the reward unset, and returns one list of siblings
+per rollout (a single-sample rollout is a list of one; a fan-out is the list the hook returned).
+
+Invariants of the result, relied on by the store and the trainer:
+- `session_id` (the routing key that keeps a multi-turn session on one server) defaults to
+  `f"{--run-id}-{sample.index}"`;
+- every sibling of a rollout has the same `rollout_id`: the hook's, else `f"{sample.index}"`
+  (the rollout of sample index i, stable across retries), and the same `group_index`;
+- a fan-out has one reward: the reward function scores the *last* sibling (the end of the
+  trajectory, where the outcome is) and every sibling gets that reward, as the advantage code
+  expects (one value per rollout);
+- a failed generate never fails the group: a generate that raised becomes a FAILED copy of the
+  input sample with `metadata["error"]`; when the error is an infrastructure one
+  (`vime.errors.ServiceError`: engine down, sandbox lost) `metadata["infra_failure"]` holds the
+  cause, its reward stays None and it is kept out of advantage statistics; other failures (the
+  model or the agent broke something) get `FAILED_REWARD`, an ordinary low reward. A
+  `ConfigError` (a misconfiguration, a hook breaking the Sample contract) is not data and
+  propagates;
+- ABORTED rollouts (engine aborted them, e.g. for a weight sync) are not scored: they are for
+  `data_source.add_samples`, to be continued, not trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from vime.errors import ConfigError, ServiceError
+from vime.log import get_logger
+from vime.plugins import call_hook_async, load_function
+from vime.rollout import generate as default_generate
+from vime.rollout.rewards import group_rewards
+from vime.rollout.sampling import params_for_sample, sampling_params_from_args
+from vime.types import Sample
+
+log = get_logger(__name__)
+
+FAILED_REWARD = 0.0
+"""Reward of a rollout that failed for a non-infrastructure reason and has no reward of its own."""
+
+_FINISHED = (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
+
+
+def _generate_hook(args: Any) -> tuple[Callable[..., Any], str]:
+    path = getattr(args, "custom_generate_function_path", None)
+    if path is None:
+        return default_generate.generate, "vime.rollout.generate.generate"
+    return load_function(path, "--custom-generate-function-path"), f"--custom-generate-function-path {path!r}"
+
+
+def _as_siblings(result: Any, source: str) -> list[Sample]:
+    siblings = result if isinstance(result, list) else [result]
+    if not siblings or not all(isinstance(s, Sample) for s in siblings):
+        what = "an empty list" if isinstance(result, list) and not result else type(result).__name__
+        if isinstance(result, list) and result:
+            what = "a list holding " + ", ".join(sorted({type(s).__name__ for s in result}))
+        raise ConfigError(f"{source} returned {what}; a generate function returns a Sample or a non-empty list[Sample]")
+    return siblings
+
+
+def _mark_failed(original: Sample, exc: Exception, source: str) -> Sample:
+    sample = original
+    sample.status = Sample.Status.FAILED
+    sample.metadata = dict(sample.metadata or {})
+    cause = f"{type(exc).__name__}: {exc}"
+    sample.metadata["error"] = cause
+    if isinstance(exc, ServiceError):
+        sample.metadata["infra_failure"] = cause
+    log.warning("rollout.generate.failed", index=sample.index, hook=source, error=cause,
+                infra=isinstance(exc, ServiceError))
+    return sample
+
+
+def _assign_ids(siblings: list[Sample], original: Sample, source: str) -> None:
+    ids = {s.rollout_id for s in siblings if s.rollout_id is not None}
+    if len(ids) > 1:
+        raise ConfigError(
+            f"{source} returned siblings with rollout ids {sorted(map(str, ids))}; the samples of one "
+            "rollout share one rollout_id (leave it unset and vime sets it)"
+        )
+    rollout_id = ids.pop() if ids else (f"{original.index}" if original.index is not None else uuid.uuid4().hex)
+    for s in siblings:
+        s.rollout_id = rollout_id
+        if s.group_index is None:
+            s.group_index = original.group_index
+        if not isinstance(s.metadata, dict):
+            s.metadata = dict(s.metadata or {})
+
+
+async def _generate_rollout(args: Any, hook: Callable[..., Any], source: str, sample: Sample,
+                            params: dict[str, Any], evaluation: bool) -> list[Sample]:
+    if sample.session_id is None:
+        run = getattr(args, "run_id", None) or "run"
+        sample.session_id = f"{run}-{sample.index}" if sample.index is not None else uuid.uuid4().hex
+    if sample.status in _FINISHED and sample.response_length > 0:
+        siblings = [sample]  # finished earlier (a group handed back to the data source)
+    else:
+        original = copy.deepcopy(sample)
+        try:
+            result = await call_hook_async(hook, args, sample, params, evaluation=evaluation)
+        except ConfigError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed rollout is data, see the module docstring
+            siblings = [_mark_failed(original, exc, source)]
+        else:
+            siblings = _as_siblings(result, source)
+        sample = original
+    _assign_ids(siblings, sample, source)
+    return siblings
+
+
+def _is_infra(rollout: list[Sample]) -> bool:
+    return any((s.metadata or {}).get("infra_failure") for s in rollout)
+
+
+def _copy_reward(rollout: list[Sample], value: Any) -> None:
+    for s in rollout:
+        s.reward = copy.deepcopy(value)
+
+
+async def score_rollouts(args: Any, rollouts: list[list[Sample]]) -> None:
+    """Fill the rewards the generate function left unset (see the module docstring for the rules)."""
+    pending: list[list[Sample]] = []
+    for rollout in rollouts:
+        if _is_infra(rollout):
+            cause = next(s.metadata["infra_failure"] for s in rollout if s.metadata.get("infra_failure"))
+            for s in rollout:
+                s.metadata.setdefault("infra_failure", cause)
+            continue
+        known = next((s.reward for s in reversed(rollout) if s.reward is not None), None)
+        if known is not None:
+            for s in rollout:
+                if s.reward is None:
+                    s.reward = copy.deepcopy(known)
+        elif any(s.status == Sample.Status.FAILED for s in rollout):
+            _copy_reward(rollout, FAILED_REWARD)
+        elif not any(s.status == Sample.Status.ABORTED for s in rollout):
+            pending.append(rollout)
+    if not pending:
+        return
+    try:
+        values = await group_rewards(args, [rollout[-1] for rollout in pending])
+    except ServiceError as exc:
+        cause = f"reward: {type(exc).__name__}: {exc}"
+        log.warning("rollout.reward.failed", error=cause, rollouts=len(pending))
+        for rollout in pending:
+            for s in rollout:
+                s.metadata["infra_failure"] = cause
+        return
+    for rollout, value in zip(pending, values, strict=True):
+        _copy_reward(rollout, value)
+
+
+async def gather_or_cancel(coros: list[Any]) -> list[Any]:
+    """`asyncio.gather`, but the first exception cancels the siblings instead of orphaning them."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def run_group(args: Any, group: list[Sample], *, evaluation: bool = False,
+                    sampling_params: dict[str, Any] | None = None) -> list[list[Sample]]:
+    """Generate and score one prompt group; one list of siblings per input sample, in input order.
+
+    `sampling_params` defaults to `sampling_params_from_args(args, evaluation)`; each sample gets
+    its own copy with its seed. With `--group-rm` the reward function sees the whole group at
+    once (the last sibling of each rollout that still needs a reward); otherwise each rollout is
+    scored as soon as it is generated.
+    """
+    base = sampling_params if sampling_params is not None else sampling_params_from_args(args, evaluation)
+    hook, source = _generate_hook(args)
+    group_rm = bool(getattr(args, "group_rm", False))
+
+    async def one(sample: Sample) -> list[Sample]:
+        params = params_for_sample(base, args, sample)
+        siblings = await _generate_rollout(args, hook, source, sample, params, evaluation)
+        if not group_rm:
+            await score_rollouts(args, [siblings])
+        return siblings
+
+    rollouts = await gather_or_cancel([one(s) for s in group])
+    if group_rm:
+        await score_rollouts(args, rollouts)
+    return rollouts

@@ -1,0 +1,171 @@
+"""The reward hub: which function scores a sample, and calling it.
+
+In order of precedence, as in slime:
+1. `--custom-rm-path`: `async rm(args, sample, **kwargs) -> float` (or dict), or with
+   `--group-rm` a batched `rm(args, samples) -> list[float]` called once per group;
+2. `--rm-type remote_rm`, or `--rm-url` with no `--rm-type`: POST the sample (its `to_dict()`,
+   a superset of slime's prompt/response/label payload) as JSON to the URL, read back a number
+   or `{"reward": x}` (any other object is kept whole, for `--reward-key`);
+3. a built-in `--rm-type` (or `metadata["rm_type"]` per sample): `math`, `exact_match`, `f1`,
+   `random`; the prefix `boxed_` scores the last `\\boxed{}` of the response instead of all of it.
+
+A reward may be a dict (several scores); `reward_value` picks `--reward-key` from it. Errors
+name the hook or URL: a reward service that cannot be reached raises `ServiceError` (an infra
+failure), a misconfiguration `ConfigError`; any other exception from a user hook propagates
+with a note naming the hook, because a buggy reward function must stop the run, not zero it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import numbers
+import random
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+
+from vime.errors import ConfigError, ServiceError
+from vime.plugins import call_hook_async, load_function
+from vime.rollout import math_grader
+from vime.types import Sample
+
+REMOTE_RM_ATTEMPTS = 3
+REMOTE_RM_TIMEOUT_S = 120.0
+REMOTE_RM_BACKOFF_S = 1.0
+
+BUILTIN_RMS: dict[str, Callable[[str, Any], float]] = {
+    "math": math_grader.math_score,
+    "exact_match": math_grader.exact_match_score,
+    "f1": math_grader.f1_score,
+    "random": lambda response, label: float(random.randint(0, 1)),
+}
+
+
+def _custom_rm(args: Any) -> tuple[Callable[..., Any], str] | None:
+    path = getattr(args, "custom_rm_path", None)
+    if path is None:
+        return None
+    return load_function(path, "--custom-rm-path"), f"--custom-rm-path {path!r}"
+
+
+def check_reward(value: Any, source: str) -> float | dict[str, Any]:
+    """A reward as vime stores it: a float (ints and bools converted) or a dict of scores."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, numbers.Real):
+        return float(value)
+    raise ConfigError(
+        f"{source} returned {type(value).__name__} {str(value)[:80]!r}; a reward is a number "
+        "(or a dict of scores, with --reward-key naming the one to train on)"
+    )
+
+
+def reward_value(args: Any, reward: Any) -> float | None:
+    """The scalar to train on: the reward, or `reward[--reward-key]` when it is a dict."""
+    if isinstance(reward, Sample):
+        reward = reward.reward
+    if isinstance(reward, dict):
+        key = getattr(args, "reward_key", None)
+        if key is None or key not in reward:
+            raise ConfigError(f"a reward is a dict with keys {sorted(reward)}; set --reward-key to the scalar to use")
+        reward = reward[key]
+    return None if reward is None else float(reward)
+
+
+async def _call_user_rm(fn: Callable[..., Any], source: str, *args: Any) -> Any:
+    try:
+        return await call_hook_async(fn, *args)
+    except Exception as exc:  # noqa: BLE001 - re-raised as is, with the hook named
+        if not isinstance(exc, (ConfigError, ServiceError)):
+            exc.add_note(f"raised by the reward function {source}")
+        raise
+
+
+async def reward(args: Any, sample: Sample) -> float | dict[str, Any]:
+    """Score one sample with the configured reward function (see the module docstring)."""
+    custom = _custom_rm(args)
+    if custom is not None:
+        fn, source = custom
+        if getattr(args, "group_rm", False):  # a batched function: a group of one
+            values = await _call_user_rm(fn, source, args, [sample])
+            return _check_batch(values, 1, source)[0]
+        return check_reward(await _call_user_rm(fn, source, args, sample), source)
+    metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
+    rm_type = str(metadata.get("rm_type") or getattr(args, "rm_type", None) or "").strip()
+    if rm_type == "remote_rm" or (not rm_type and getattr(args, "rm_url", None)):
+        return await remote_reward(args, sample)
+    if not rm_type:
+        raise ConfigError(
+            "no reward function: set --custom-rm-path, --rm-url or --rm-type "
+            f"(built-in types: {', '.join(sorted(BUILTIN_RMS))}, remote_rm; prefix boxed_ to grade the boxed answer)"
+        )
+    response = sample.response or ""
+    name = rm_type
+    if name.startswith("boxed_"):
+        response = math_grader.last_boxed(response) or ""
+        name = name[len("boxed_"):]
+    fn = BUILTIN_RMS.get(name)
+    if fn is None:
+        raise ConfigError(
+            f"--rm-type {rm_type!r} is not a built-in reward; use one of {', '.join(sorted(BUILTIN_RMS))}, "
+            "remote_rm (with --rm-url), a boxed_ prefix, or --custom-rm-path"
+        )
+    return float(fn(response, sample.label))
+
+
+def _check_batch(values: Any, n: int, source: str) -> list[float | dict[str, Any]]:
+    if not isinstance(values, (list, tuple)) or len(values) != n:
+        got = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
+        raise ConfigError(f"{source} (with --group-rm) must return a list of {n} rewards, one per sample; got {got}")
+    return [check_reward(v, source) for v in values]
+
+
+async def group_rewards(args: Any, samples: list[Sample]) -> list[float | dict[str, Any]]:
+    """Rewards for `samples`, in order: one batched call with `--group-rm` and a custom
+    function, else `reward` per sample, concurrently."""
+    if not samples:
+        return []
+    custom = _custom_rm(args)
+    if custom is not None and getattr(args, "group_rm", False):
+        fn, source = custom
+        return _check_batch(await _call_user_rm(fn, source, args, list(samples)), len(samples), source)
+    return list(await asyncio.gather(*(reward(args, s) for s in samples)))
+
+
+def _payload(sample: Sample) -> bytes:
+    return json.dumps(sample.to_dict(), default=str).encode()
+
+
+async def remote_reward(args: Any, sample: Sample) -> float | dict[str, Any]:
+    """POST the sample to `--rm-url`; retried on connection errors and 5xx, not on 4xx."""
+    url = getattr(args, "rm_url", None)
+    if not url:
+        raise ConfigError("--rm-type remote_rm needs --rm-url (the reward service to POST samples to)")
+    source = f"reward service --rm-url {url}"
+    last: str = ""
+    timeout = aiohttp.ClientTimeout(total=REMOTE_RM_TIMEOUT_S)
+    for attempt in range(REMOTE_RM_ATTEMPTS):
+        if attempt:
+            await asyncio.sleep(min(REMOTE_RM_BACKOFF_S * 2 ** (attempt - 1), 10.0) * (0.5 + random.random()))
+        try:
+            async with aiohttp.ClientSession(timeout=timeout) as http:
+                async with http.post(url, data=_payload(sample), headers={"Content-Type": "application/json"}) as resp:
+                    text = await resp.text()
+                    if 400 <= resp.status < 500:
+                        raise ConfigError(f"{source} answered HTTP {resp.status}: {text[:300]}")
+                    if resp.status >= 500:
+                        last = f"HTTP {resp.status}: {text[:300]}"
+                        continue
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            last = repr(exc)
+            continue
+        try:
+            body = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{source} answered non-JSON {text[:120]!r}; send a number or {{\"reward\": x}}") from exc
+        if isinstance(body, dict) and "reward" in body:
+            body = body["reward"]
+        return check_reward(body, source)
+    raise ServiceError(f"{source} failed {REMOTE_RM_ATTEMPTS} times; last error: {last}")

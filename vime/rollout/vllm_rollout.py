@@ -1,0 +1,189 @@
+"""The default `--rollout-function-path`: a whole rollout step on the vLLM servers.
+
+`generate_rollout(args, rollout_id, data_source, evaluation=False)` is slime's rollout function
+contract, used when the orchestration runs a rollout step as one activity, and standalone. It
+pulls prompt groups from the data source `--over-sampling-batch-size` at a time, runs them
+concurrently with `run_group`, applies the dynamic-sampling filter to each finished group, and
+stops once `--rollout-batch-size` groups are kept. Groups still running then are cancelled and
+handed back to the data source untouched (`add_samples`), so their prompts are not skipped.
+
+Sampling is bounded: after `MAX_GROUPS_FACTOR x --rollout-batch-size` groups, or when the data
+source runs dry, the batch is completed with dropped groups (most recent first) and, failing
+that, returned short, with a warning either way, rather than looping forever on a filter that
+drops everything.
+
+Unlike slime's (synchronous) function this one is `async`: it runs inside the orchestration's
+event loop. `generate_rollout_sync` runs it from plain scripts.
+
+The result is one list of samples per kept group, sorted by sample index; a group's fan-out
+siblings are flattened into it and keep their shared `rollout_id`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+from typing import Any
+
+from vime.errors import ConfigError
+from vime.log import get_logger
+from vime.rollout.dataset import PromptDataset
+from vime.rollout.filters import apply_dynamic_filter
+from vime.rollout.generate import close_engine_clients
+from vime.rollout.group import gather_or_cancel, run_group
+from vime.types import Sample
+
+log = get_logger(__name__)
+
+MAX_GROUPS_FACTOR = 8
+"""At most this many times `--rollout-batch-size` groups are sampled for one rollout step."""
+
+_EVAL_DATASETS: dict[tuple, PromptDataset] = {}
+
+
+def _flatten(rollouts: list[list[Sample]]) -> list[Sample]:
+    return [s for siblings in rollouts for s in siblings]
+
+
+def _order(group: list[Sample]) -> tuple[int, int]:
+    first = group[0]
+    return (first.group_index if first.group_index is not None else -1, first.index if first.index is not None else -1)
+
+
+async def generate_rollout(
+    args: Any, rollout_id: int, data_source: Any, evaluation: bool = False
+) -> list[list[Sample]]:
+    """One rollout step: `--rollout-batch-size` kept groups (or eval groups when `evaluation`)."""
+    if evaluation:
+        return await eval_rollout(args, rollout_id)
+    target = getattr(args, "rollout_batch_size", None)
+    if not target:
+        raise ConfigError("--rollout-batch-size is not set; it is the number of prompt groups per rollout step")
+    over = getattr(args, "over_sampling_batch_size", None) or target
+    max_groups = int(getattr(args, "max_groups_factor", MAX_GROUPS_FACTOR)) * target
+
+    kept: list[list[Sample]] = []
+    dropped: list[list[Sample]] = []
+    reasons: collections.Counter[str] = collections.Counter()
+    pending: dict[asyncio.Future, list[Sample]] = {}
+    pulled, exhausted = 0, False
+    try:
+        while len(kept) < target:
+            while not exhausted and len(kept) + len(pending) < target and pulled < max_groups:
+                want = min(over, max_groups - pulled)
+                groups = data_source.get_samples(want)
+                exhausted = len(groups) < want
+                pulled += len(groups)
+                for group in groups:
+                    pending[asyncio.ensure_future(run_group(args, group))] = copy.deepcopy(group)
+            if not pending:
+                break
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in sorted(done, key=lambda t: _order(pending[t])):
+                pending.pop(task)
+                rollouts = task.result()
+                keep, reason = apply_dynamic_filter(args, rollouts)
+                if not keep:
+                    reasons[str(reason)] += 1
+                    dropped.append(_flatten(rollouts))
+                elif len(kept) < target:
+                    kept.append(_flatten(rollouts))
+    finally:
+        unfinished = list(pending.values())
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        _hand_back(data_source, unfinished)
+
+    if len(kept) < target:
+        fill = dropped[::-1][: target - len(kept)]
+        log.warning("rollout.short", rollout_id=rollout_id, kept=len(kept), wanted=target, sampled=pulled,
+                    data_exhausted=exhausted, filled_with_dropped=len(fill), drop_reasons=dict(reasons))
+        kept += fill
+    elif reasons:
+        log.info("rollout.filtered", rollout_id=rollout_id, dropped=sum(reasons.values()), reasons=dict(reasons))
+    return sorted(kept, key=_order)
+
+
+def _hand_back(data_source: Any, groups: list[list[Sample]]) -> None:
+    """Give unstarted prompt groups back to the data source, when it takes them (slime's read-only
+    sources raise); otherwise their prompts are skipped, as in slime."""
+    if not groups:
+        return
+    add = getattr(data_source, "add_samples", None)
+    try:
+        if add is None:
+            raise NotImplementedError
+        add(sorted(groups, key=_order))
+    except (NotImplementedError, RuntimeError) as exc:
+        log.info("rollout.unfinished_dropped", groups=len(groups), reason=repr(exc))
+
+
+# ---- evaluation ----------------------------------------------------------------------------------
+
+
+def eval_sets(args: Any) -> list[tuple[str, str]]:
+    """`--eval-prompt-data name path [name path ...]` as `(name, path)` pairs."""
+    values = list(getattr(args, "eval_prompt_data", None) or [])
+    if len(values) % 2:
+        raise ConfigError(f"--eval-prompt-data takes name path pairs, got {len(values)} values: {values}")
+    return list(zip(values[0::2], values[1::2], strict=True))
+
+
+def _eval_dataset(args: Any, path: str) -> PromptDataset:
+    key = (path, getattr(args, "hf_checkpoint", None), args.input_key, args.label_key, args.metadata_key,
+           args.tool_key, args.apply_chat_template, repr(args.apply_chat_template_kwargs), args.rollout_max_prompt_len)
+    if key not in _EVAL_DATASETS:
+        _EVAL_DATASETS[key] = PromptDataset.from_args(args, path, flag="--eval-prompt-data")
+    return _EVAL_DATASETS[key]
+
+
+async def eval_rollout(args: Any, rollout_id: int) -> list[list[Sample]]:
+    """Every prompt of every `--eval-prompt-data` set, once (or `args.n_samples_per_eval_prompt`
+    times), with evaluation sampling; samples carry `metadata["eval_set"]` and rollout ids
+    `eval-<set>-<index>`, apart from the training run's."""
+    sets = eval_sets(args)
+    if not sets:
+        raise ConfigError("evaluation needs --eval-prompt-data (name path pairs)")
+    n = int(getattr(args, "n_samples_per_eval_prompt", 1) or 1)
+    groups = []
+    for name, path in sets:
+        dataset = _eval_dataset(args, path)
+        for i in range(len(dataset)):
+            group = []
+            for k in range(n):
+                sample = copy.deepcopy(dataset[i])
+                sample.group_index, sample.index = i, i * n + k
+                sample.rollout_id = f"eval-{name}-{sample.index}"
+                sample.metadata["eval_set"] = name
+                group.append(sample)
+            groups.append(group)
+    results = await gather_or_cancel([run_group(args, g, evaluation=True) for g in groups])
+    return [_flatten(r) for r in results]
+
+
+def eval_results(args: Any, groups: list[list[Sample]]) -> dict[str, dict[str, list[Any]]]:
+    """slime's eval output: per set, `rewards` (scalar, `--reward-key` applied), `truncated`, `samples`."""
+    from vime.rollout.rewards import reward_value
+
+    out: dict[str, dict[str, list[Any]]] = {}
+    for sample in sorted((s for g in groups for s in g), key=lambda s: s.index or 0):
+        entry = out.setdefault(sample.metadata.get("eval_set", "eval"), {"rewards": [], "truncated": [], "samples": []})
+        entry["rewards"].append(reward_value(args, sample))
+        entry["truncated"].append(sample.status == Sample.Status.TRUNCATED)
+        entry["samples"].append(sample)
+    return out
+
+
+def generate_rollout_sync(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> list[list[Sample]]:
+    """`generate_rollout` from synchronous code (a script, slime's calling convention)."""
+
+    async def main() -> list[list[Sample]]:
+        try:
+            return await generate_rollout(args, rollout_id, data_source, evaluation)
+        finally:
+            await close_engine_clients()
+
+    return asyncio.run(main())
