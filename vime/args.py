@@ -189,6 +189,15 @@ class VimeArgs:
     temporal_namespace: str = _orchestration("default", "Temporal namespace.")
     rollout_task_queue: str = _orchestration("vime-rollout", "Queue of rollout workflows and light activities.")
     sandbox_task_queue: str = _orchestration("vime-sandbox", "Queue of sandbox activities.")
+    trainer_task_queue: str = _orchestration(
+        "vime-trainer", "Queue where trainers announce themselves; each also serves its own queue."
+    )
+    heartbeat_timeout: float = _orchestration(
+        60.0, "Seconds without a heartbeat before a worker counts as dead and its activity is retried."
+    )
+    vllm_server_urls: list[str] | None = _orchestration(
+        None, "vLLM servers to push weights to (default: the ones vime starts).", nargs="+"
+    )
     store_url: str | None = _orchestration(None, "SQLAlchemy URL of the sample store (default: SQLite in run dir).")
 
     # vLLM: vime's own --vllm-* flags, which take precedence over generated ones

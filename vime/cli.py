@@ -14,6 +14,7 @@ from vime.errors import VimeError
 USAGE = """usage: vime <command> [flags]
 
 commands:
+  train        start or resume a training run (Temporal, vLLM and workers are started as needed)
   smoke        start the embedded Temporal + vLLM services and sample from the model once
   tiny-model   build (or find in the cache) the tiny test model and print its directory
 
@@ -29,6 +30,13 @@ def _smoke(argv: list[str]) -> int:
     return main(parse_args(argv))
 
 
+def _train(argv: list[str]) -> int:
+    from vime.args import parse_args
+    from vime.launch import main
+
+    return main(parse_args(argv))
+
+
 def _tiny_model(argv: list[str]) -> int:
     from vime.testing.tiny_model import main
 
@@ -36,6 +44,7 @@ def _tiny_model(argv: list[str]) -> int:
 
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
+    "train": _train,
     "smoke": _smoke,
     "tiny-model": _tiny_model,
 }

