@@ -56,3 +56,27 @@ async def temporal_env() -> AsyncIterator:
         yield env
     finally:
         await env.shutdown()
+
+
+@pytest.fixture(scope="session")
+def training_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A vLLM server that accepts weight syncs, shared by the training tests.
+
+    Every training run syncs its trainer's weights into it on attach, so a run never samples
+    from weights another test left behind.
+    """
+    from vime.engine.server import VLLMServer
+    from vime.engine.weight_sync import weight_sync_server_args
+
+    server = VLLMServer(
+        tiny_model_dir,
+        server_args=[*weight_sync_server_args(), "--max-model-len", "1024", "--seed", "0"],
+        log_path=tmp_path_factory.mktemp("vllm-train") / "vllm.log",
+    )
+    with server:
+        yield server
+
+
+def engine_flags(server) -> list[str]:
+    """Flags that point a run at an already running server instead of starting one."""
+    return ["--vllm-router-ip", server.host, "--vllm-router-port", str(server.port), "--vllm-server-urls", server.url]

@@ -103,7 +103,7 @@ def load_checkpoint(trainer, path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"--load {path}: not a vime checkpoint (no state.json)")
     weights = load_file(str(path / "model.safetensors"))
     if "lm_head.weight" not in weights and getattr(trainer.model.config, "tie_word_embeddings", False):
-        weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()  # two keys, two tensors
     full = StateDictOptions(full_state_dict=True)
     set_model_state_dict(trainer.model, weights, options=full)
     extra = torch.load(path / "trainer.pt", weights_only=False)

@@ -131,6 +131,9 @@ class Trainer:
         """Train on one rollout batch; returns the step's metrics (identical on every rank)."""
         t0 = time.monotonic()
         args, world = self.args, dist_utils.world_size()
+        # A sample with no prompt or no response (an infra failure before the first token) has
+        # nothing to train on and no position to pack; its rollout keeps its other siblings.
+        samples = [s for s in samples if s.response_length > 0 and s.prompt_length > 0]
         rollouts = group_rollouts(samples)
         per_step = args.global_batch_size or len(rollouts)
         steps, rest = split_into_steps(rollouts, per_step)

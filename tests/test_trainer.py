@@ -1,0 +1,101 @@
+"""The trainer agrees with vLLM at step 0, learns, checkpoints and resumes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vime.args import parse_args
+from vime.rollout.data_source import RolloutDataSource
+from vime.rollout.group import run_group
+from vime.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from vime.train.trainer import Trainer
+from vime.types import Sample
+
+
+def write_prompts(path, n: int = 4) -> None:
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"Write line {i}."}], "label": "x"}) + "\n")
+
+
+def make_args(tmp_path, model, extra=()):
+    write_prompts(tmp_path / "prompts.jsonl")
+    return parse_args([
+        "--hf-checkpoint", str(model), "--prompt-data", str(tmp_path / "prompts.jsonl"), "--input-key", "prompt",
+        "--apply-chat-template", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+        "--rollout-max-response-len", "12", "--rm-type", "exact_match", "--run-dir", str(tmp_path / "run"),
+        "--lr", "1e-3", *extra,
+    ])
+
+
+@pytest.mark.vllm
+async def test_step_0_trainer_logprobs_match_vllm_and_kl_to_the_reference_is_zero(vllm_server, tiny_model_dir, tmp_path):
+    args = make_args(tmp_path, tiny_model_dir, ["--vllm-router-ip", vllm_server.host, "--vllm-router-port",
+                                                str(vllm_server.port), "--use-kl-loss", "--kl-loss-coef", "0.1",
+                                                "--rollout-temperature", "0.8"])
+    source = RolloutDataSource(args)
+    rollouts = [r for p in range(4) for r in await run_group(args, source.prompt_group(p))]
+    samples = [s for r in rollouts for s in r]
+    assert all(s.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED) for s in samples)
+
+    trainer = Trainer(args)
+    diffs = []
+    for s in samples:  # direct check: one forward per sample, at the rollout temperature
+        ids = torch.tensor([s.tokens])
+        with torch.no_grad():
+            logits = trainer.model(input_ids=ids, use_cache=False).logits[0, s.prompt_length - 1 : -1] / 0.8
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, ids[0, s.prompt_length :, None])[:, 0]
+        diffs.append((lp - torch.tensor(s.rollout_log_probs)).abs())
+    assert torch.cat(diffs).mean().item() <= 1e-3
+
+    metrics = trainer.train_step(samples).metrics
+    assert metrics["train_rollout_logprob_abs_diff"] <= 1e-3
+    assert metrics["kl_loss"] == 0.0  # the policy is the reference before its first update
+    assert metrics["optimizer_steps"] == 1 and metrics["samples"] == 16
+
+
+def synthetic_batch(seed: int, groups: int = 4, n: int = 4) -> list[Sample]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for group in range(groups):
+        for i in range(n):
+            s = Sample(group_index=group, index=group * n + i, rollout_id=str(group * n + i),
+                       tokens=torch.randint(3, 8000, (6,), generator=g).tolist())
+            k = int(torch.randint(2, 9, (1,), generator=g))
+            s.append_response_tokens(torch.randint(3, 8000, (k,), generator=g).tolist(), [-9.0] * k)
+            s.reward = float(torch.rand(1, generator=g) > 0.5)
+            out.append(s)
+    return out
+
+
+def test_a_checkpoint_is_an_hf_model_and_resumes_to_the_same_weights_and_optimizer(tiny_model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    args = make_args(tmp_path, tiny_model_dir, ["--global-batch-size", "8"])
+    trainer = Trainer(args)
+    trainer.train_step(synthetic_batch(0))
+    path = save_checkpoint(trainer, tmp_path / "ckpt", {"step": 1, "weight_version": 1, "data_position": 4})
+    assert latest_checkpoint(tmp_path / "ckpt") == path
+    after_one = trainer.train_step(synthetic_batch(1)).metrics
+
+    hf = AutoModelForCausalLM.from_pretrained(path)  # plain transformers can load it
+    assert hf.config.vocab_size == trainer.model.config.vocab_size
+
+    resumed = Trainer(args)
+    state = load_checkpoint(resumed, path)
+    assert state == {"step": 1, "weight_version": 1, "data_position": 4} and resumed.step == 1
+    again = resumed.train_step(synthetic_batch(1)).metrics
+    assert again["loss"] == pytest.approx(after_one["loss"], abs=1e-6)
+    assert again["grad_norm"] == pytest.approx(after_one["grad_norm"], rel=1e-4)
+
+
+def test_an_incomplete_latest_checkpoint_is_refused_with_a_clear_message(tmp_path):
+    (tmp_path / "step_000002").mkdir()
+    (tmp_path / "latest").write_text("step_000002")
+    from vime.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="incomplete"):
+        latest_checkpoint(tmp_path)

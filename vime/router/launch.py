@@ -1,0 +1,84 @@
+"""Start an existing router (vllm-router) in front of several vLLM servers.
+
+vime does not route requests itself: `vllm-router` does (session affinity on `X-Session-ID`
+with `--router-policy consistent_hash`, prefix-cache-aware routing by default). The user's
+`--router-*` flags arrive ready in `args.router_args`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from vime.engine.server import free_port
+from vime.errors import ServiceError
+
+
+def router_binary() -> str:
+    candidate = Path(sys.executable).parent / "vllm-router"
+    found = str(candidate) if candidate.exists() else shutil.which("vllm-router")
+    if not found:
+        raise ServiceError("more than one vLLM server needs a router: `pip install vllm-router` "
+                           "(or start one yourself and pass --vllm-router-ip/--vllm-router-port)")
+    return found
+
+
+class Router:
+    """A `vllm-router` process over `worker_urls`; `url` is what generate functions call."""
+
+    def __init__(self, worker_urls: Sequence[str], router_args: Sequence[str] = (), *, log_path: Path,
+                 host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.worker_urls = list(worker_urls)
+        self.router_args = list(router_args)
+        self.host, self.port = host, port or free_port(host)
+        self.log_path = log_path
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        metrics = [] if any(a.startswith("--prometheus-port") for a in self.router_args) else [
+            "--prometheus-port", str(free_port(self.host))]  # its default 29000 collides between runs
+        return [router_binary(), "--host", self.host, "--port", str(self.port),
+                "--worker-urls", *self.worker_urls, *metrics, *self.router_args]
+
+    def __enter__(self) -> Router:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as out:
+            self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = self.log_path.read_text(errors="replace").splitlines()[-20:]
+                raise ServiceError(f"vllm-router exited with code {self.process.returncode}; last lines of "
+                                   f"{self.log_path}:\n" + "\n".join(tail))
+            with contextlib.suppress(urllib.error.URLError, OSError):
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            time.sleep(0.3)
+        self.__exit__()
+        raise ServiceError(f"vllm-router did not answer {self.url}/health within 60 s; see {self.log_path}")
+
+    def __exit__(self, *exc: object) -> None:
+        proc, self.process = self.process, None
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

@@ -1,0 +1,105 @@
+"""A trainer process group as one object: rank 0 calls, every rank executes.
+
+Rank 0 serves the trainer's Temporal task queue; ranks 1..N-1 run `follow()`, waiting for the
+commands rank 0 broadcasts. Each command names a method of `TrainerGroup` and its (small,
+picklable) arguments: sample refs, paths, versions. Every rank reads the samples it needs from
+the store itself, so no token data crosses the broadcast.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vime.log import get_logger
+from vime.store import SampleStore
+from vime.train import distributed as dist_utils
+from vime.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from vime.train.trainer import StepResult, Trainer
+from vime.types import RolloutRef
+
+log = get_logger(__name__)
+
+PROBE_TOKENS = 24
+
+
+class TrainerGroup:
+    """The trainer state of this rank and the commands that change it (collective)."""
+
+    def __init__(self, args: Any) -> None:
+        self.args = args
+        self.store = SampleStore.open(args.store_url)
+        self.trainer = Trainer(args)
+        self.run_id: str | None = None
+        self.results: dict[int, StepResult] = {}
+
+    # rank 0 entry point
+    def call(self, name: str, *payload: Any) -> Any:
+        dist_utils.broadcast_object((name, payload))
+        return getattr(self, name)(*payload)
+
+    def follow(self) -> None:
+        """Ranks > 0: execute rank 0's commands until it sends `stop`."""
+        while True:
+            name, payload = dist_utils.broadcast_object(None)
+            if name == "stop":
+                return
+            getattr(self, name)(*payload)
+
+    def stop(self) -> None:
+        dist_utils.broadcast_object(("stop", ()))
+
+    # ---- commands ----------------------------------------------------------------------------
+
+    def attach(self, run_id: str, step: int, checkpoint: str | None) -> int:
+        """Bring the weights to `step` (a checkpoint's, or the initial ones at 0); return the step.
+
+        A trainer already at `step` of the same run keeps its state (the workflow re-attached
+        after a transient error); anything else reloads.
+        """
+        if self.run_id == run_id and self.trainer.step == step:
+            return step
+        if checkpoint:
+            load_checkpoint(self.trainer, checkpoint)
+        elif step == 0:
+            if self.trainer.step != 0 or self.run_id not in (None, run_id):
+                self.trainer = Trainer(self.args)
+        else:
+            raise ValueError(f"attach: step {step} without a checkpoint")
+        self.run_id = run_id
+        self.results.clear()
+        return self.trainer.step
+
+    def train_step(self, run_id: str, step: int, rollouts: list[RolloutRef]) -> dict[str, float]:
+        """Train rollout step `step`; a repeat of the last step returns its metrics unchanged."""
+        if step + 1 == self.trainer.step and step in self.results:
+            return self.results[step].metrics
+        if step != self.trainer.step:
+            raise RuntimeError(f"trainer is at step {self.trainer.step}, asked to train step {step}")
+        keys = [ref.key for r in rollouts for ref in r.samples]
+        samples = self.store.read_samples(run_id, keys)
+        result = self.trainer.train_step(samples)
+        if dist_utils.rank() == 0:
+            self.store.mark_trained(run_id, keys, step)
+        self.results = {step: result}
+        return result.metrics
+
+    def state_dict_and_probe(self) -> tuple[dict, list[int], list[float]]:
+        """Full weights (rank 0) and the trainer's logprobs of a fixed probe sequence."""
+        import torch
+
+        weights = self.trainer.full_state_dict()
+        vocab = self.trainer.model.config.vocab_size
+        probe = [(7919 * i + 13) % vocab for i in range(PROBE_TOKENS)]
+        ids = torch.tensor([probe], device=self.trainer.device)
+        with torch.no_grad():
+            logits = self.trainer.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+        expected = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0].tolist()
+        return weights, probe, expected
+
+    def save(self, root: str, state: dict) -> str | None:
+        path = save_checkpoint(self.trainer, root, state)
+        return str(path) if path else None
+
+    def latest(self, root: str | None) -> str | None:
+        path = latest_checkpoint(root)
+        return str(path) if path else None

@@ -1,0 +1,51 @@
+"""Worker for a trainer process group: rank 0 serves Temporal, the other ranks follow it.
+
+    python -m workers.trainer <vime flags> --temporal-address HOST:PORT
+    torchrun --nproc-per-node 8 -m workers.trainer <vime flags> --temporal-address HOST:PORT
+
+Rank 0 announces itself on the shared `--trainer-task-queue` (activity `pick_trainer`) and
+serves the trainer activities on a queue of its own, since the model state lives here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import uuid
+
+from temporalio.worker import Worker
+
+from activities.train import TrainerActivities
+from vime.args import parse_args_or_exit
+from vime.train import distributed as dist_utils
+from vime.train.group import TrainerGroup
+from workers.common import connect_from_args, run_until_signalled, setup_logging
+
+
+async def serve(args, group: TrainerGroup) -> None:
+    client = await connect_from_args(args)
+    queue = f"{args.trainer_task_queue}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    acts = TrainerActivities(group, queue, verify_atol=1e-3 if group.trainer.dtype.itemsize == 4 else 5e-2)
+    announce = Worker(client, task_queue=args.trainer_task_queue, activities=[acts.pick_trainer])
+    own = Worker(client, task_queue=queue, activities=acts.all(), max_concurrent_activities=4)
+    await run_until_signalled([announce, own])
+
+
+def main(argv: list[str] | None = None) -> int:
+    setup_logging()
+    args = parse_args_or_exit(argv)
+    group = TrainerGroup(args)
+    if dist_utils.rank() != 0:
+        group.follow()
+        return 0
+    try:
+        asyncio.run(serve(args, group))
+    finally:
+        group.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
