@@ -103,10 +103,8 @@ def training_config(args, urls: Engines) -> TrainingConfig:
     )
 
 
-def format_progress(p: dict) -> str | None:
-    if not p.get("metrics"):
-        return None
-    m, total = p["metrics"][-1], p.get("num_rollout") or 0
+def format_progress(m: dict, total: int) -> str:
+    """One line per finished step: a bar, reward, KL, length, throughput and time per phase."""
     done = m["step"] + 1
     bar = "#" * int(20 * done / max(1, total))
     kl = m.get("kl_loss", m.get("ref_kl"))
@@ -125,11 +123,12 @@ async def follow(handle: WorkflowHandle, supervisor: Supervisor, poll: float = 1
         await asyncio.wait([result], timeout=poll)
         for name in supervisor.check():
             print(f"[vime] worker {name} died; restarted it (the run continues)")
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(Exception):  # a query can fail while a worker restarts: ask again
             p = await handle.query(TrainingWorkflow.progress)
-            if p.get("metrics") and p["metrics"][-1]["step"] != shown:
-                shown = p["metrics"][-1]["step"]
-                print(format_progress(p), flush=True)
+            for m in p.get("metrics", []):
+                if m["step"] > shown:
+                    shown = m["step"]
+                    print(format_progress(m, p.get("num_rollout") or 0), flush=True)
     return await result
 
 

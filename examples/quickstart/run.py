@@ -37,9 +37,9 @@ def default_flags(run_dir: Path, model: str) -> list[str]:
         "--hf-checkpoint", model, "--prompt-data", str(run_dir / "prompts.jsonl"), "--input-key", "prompt",
         "--apply-chat-template", "--rollout-shuffle",
         "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--rollout-max-response-len", "16",
-        "--rollout-temperature", "1.0", "--num-rollout", "30",
+        "--rollout-temperature", "1.0", "--num-rollout", "24",
         "--custom-rm-path", "examples.quickstart.reward.capitals",
-        "--advantage-estimator", "grpo", "--lr", "3e-3", "--adam-beta2", "0.99",
+        "--advantage-estimator", "grpo", "--lr", "1e-2", "--adam-beta2", "0.99",
         "--run-dir", str(run_dir), "--save", str(run_dir / "checkpoints"), "--save-interval", "10",
         "--vllm-max-model-len", "512",
     ]

@@ -1,0 +1,43 @@
+"""The quickstart learns: through Temporal, vLLM, the trainer and a weight sync per step, the
+tiny model goes from ~0.23 mean reward (chance) to >= 0.9 within 10 minutes on 2 CPU cores.
+
+The bar is 0.9 averaged over the last 3 of 24 steps; the figures measured here are in the
+issue's closing note (0.22 at step 1, 0.91 at step 12, 1.00 from step 18 in one run).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import engine_flags
+
+pytestmark = pytest.mark.vllm
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_the_quickstart_raises_mean_reward_to_0_9_within_10_minutes(training_server, tmp_path):
+    run_dir = tmp_path / "quickstart"
+    env = {**os.environ, "VIME_LOG_FORMAT": "json", "VIME_LOG_LEVEL": "WARNING"}
+    t0 = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "examples.quickstart.run", "--run-dir", str(run_dir),
+                             *engine_flags(training_server)],
+                            capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    elapsed = time.monotonic() - t0
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    summary = (run_dir / "summary.txt").read_text()
+    first = float(summary.split("mean reward ")[1].split(" ")[0])
+    last = float(summary.split("-> ")[1].split(" ")[0])
+    assert first < 0.5, summary
+    assert last >= 0.9, summary
+    assert elapsed < 600
+    assert (run_dir / "reward_curve.png").stat().st_size > 1000
+    assert (run_dir / "temporal.db").exists()  # the histories stay browsable
+    assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000024"
+    assert result.stdout.count("] step ") == 24
