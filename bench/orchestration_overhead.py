@@ -30,6 +30,7 @@ from vime.args import parse_args  # noqa: E402
 from vime.engine.server import VLLMServer  # noqa: E402
 from vime.log import configure_logging  # noqa: E402
 from vime.rollout.data_source import RolloutDataSource  # noqa: E402
+from vime.rollout.generate import close_engine_clients  # noqa: E402
 from vime.rollout.group import run_group  # noqa: E402
 from vime.store import SampleStore  # noqa: E402
 from vime.temporal.dev_server import temporal_cli_path  # noqa: E402
@@ -105,6 +106,7 @@ async def main(cli: argparse.Namespace) -> None:
         print(f"  throughput ratio (workflows / direct): {d / t:.3f}")
         print(f"  added per rollout: {(t - d) / rollouts * 1000:.2f} ms; per group workflow: {(t - d) / cli.groups * 1000:.1f} ms")
     finally:
+        await close_engine_clients()
         if server:
             server.stop()
 

@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-echo "[quickstart] vime smoke: embedded Temporal + vLLM on the tiny model (the RL quickstart lands with issue #3)"
-exec .venv/bin/vime smoke --run-dir runs/smoke "$@"
+echo "[quickstart] GRPO on the tiny model: embedded Temporal + vLLM + rollout worker + FSDP2 trainer"
+exec .venv/bin/python -m examples.quickstart.run "$@"
