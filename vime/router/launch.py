@@ -8,9 +8,7 @@ with `--router-policy consistent_hash`, prefix-cache-aware routing by default). 
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -21,6 +19,7 @@ from pathlib import Path
 
 from vime.engine.server import free_port
 from vime.errors import ServiceError
+from vime.procs import log_tail, stop_process_group
 
 
 def router_binary() -> str:
@@ -61,9 +60,8 @@ class Router:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                tail = self.log_path.read_text(errors="replace").splitlines()[-20:]
                 raise ServiceError(f"vllm-router exited with code {self.process.returncode}; last lines of "
-                                   f"{self.log_path}:\n" + "\n".join(tail))
+                                   f"{self.log_path}:\n{log_tail(self.log_path, 20)}")
             with contextlib.suppress(urllib.error.URLError, OSError):
                 with urllib.request.urlopen(f"{self.url}/health", timeout=2) as r:
                     if r.status == 200:
@@ -74,11 +72,4 @@ class Router:
 
     def __exit__(self, *exc: object) -> None:
         proc, self.process = self.process, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_process_group(proc, 10)

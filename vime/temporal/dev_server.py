@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from vime.errors import ServiceError
 from vime.log import get_logger
+from vime.procs import log_tail, stop_process_group
 from vime.temporal.search_attributes import SEARCH_ATTRIBUTES
 
 log = get_logger(__name__)
@@ -105,7 +105,7 @@ class TemporalDevServer:
             if self.process.poll() is not None:
                 raise ServiceError(
                     f"Temporal dev server exited with code {self.process.returncode}; "
-                    f"last lines of {self.log_path}:\n{self._log_tail()}"
+                    f"last lines of {self.log_path}:\n{log_tail(self.log_path, 20)}"
                 )
             if _port_open("127.0.0.1", self.port):
                 log.info("temporal.started", address=self.address, ui=self.ui_url, db=str(self.db_path))
@@ -115,23 +115,9 @@ class TemporalDevServer:
         raise ServiceError(f"Temporal dev server did not listen on {self.address} within {timeout:.0f} s; "
                            f"see {self.log_path}")
 
-    def _log_tail(self, lines: int = 20) -> str:
-        with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        return "(no log)"
-
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_process_group(proc, timeout)
 
     def __enter__(self) -> TemporalDevServer:
         return self.start()
