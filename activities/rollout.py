@@ -14,10 +14,11 @@ from temporalio import activity
 from activities.heartbeat import heartbeating
 from vime.rollout.data_source import make_data_source
 from vime.rollout.filters import apply_dynamic_filter
+from vime.plugins import call_hook_async, load_hook
 from vime.rollout.group import run_group
 from vime.store import SampleStore
 from vime.types import RolloutRef, Sample, SampleRef
-from workflows.rollout import RolloutInput, RolloutOutput
+from workflows.rollout import RolloutInput, RolloutOutput, RolloutStepInput, RolloutStepOutput
 
 
 def _summary(position: int, rollouts: list[RolloutRef], keep: bool, reason: str | None) -> RolloutOutput:
@@ -59,6 +60,32 @@ class RolloutActivities:
                 s.metadata["filter"] = {"keep": keep, "reason": reason}
         written = self.store.write_rollouts(inp.run_id, dict(zip(ids, results)))
         return self._output(inp, ids, results, [written[rid] for rid in ids])
+
+    @activity.defn(name="generate_rollout_step")
+    async def generate_rollout_step(self, inp: RolloutStepInput) -> RolloutStepOutput:
+        """A whole step by `--rollout-function-path generate_rollout(args, rollout_id, data_source)`.
+
+        The data source starts at the workflow's position; the groups are stored with
+        deterministic ids (`s<step>-g<group>-<i>` where the function set none), so a retried
+        step stores each rollout once. The data source's buffer does not outlive the activity.
+        """
+        fn = load_hook(self.args, "rollout_function_path")
+        source = make_data_source(self.args)
+        source.load_state_dict({"position": inp.position})
+        async with heartbeating():
+            groups = await call_hook_async(fn, self.args, inp.step, source, evaluation=False)
+        outputs = []
+        for g, group in enumerate(groups):
+            by_rollout: dict[str, list[Sample]] = {}
+            for i, s in enumerate(group):
+                s.rollout_id = str(s.rollout_id) if s.rollout_id is not None else f"s{inp.step}-g{g}-{i}"
+                s.metadata.setdefault("weight_version", inp.weight_version)
+                by_rollout.setdefault(s.rollout_id, []).append(s)
+            written = self.store.write_rollouts(inp.run_id, by_rollout)
+            ids = list(by_rollout)
+            outputs.append(self._output(RolloutInput(inp.run_id, inp.step, g, inp.weight_version), ids,
+                                        [by_rollout[r] for r in ids], [written[r] for r in ids]))
+        return RolloutStepOutput(outputs, getattr(source, "position", inp.position))
 
     def _output(self, inp: RolloutInput, ids: list[str], results: list[list[Sample]],
                 refs: list[list[SampleRef]]) -> RolloutOutput:

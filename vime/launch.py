@@ -42,6 +42,7 @@ class Engines:
     server_urls: list[str]  # where weights are pushed
 
 
+DEFAULT_ROLLOUT_FUNCTION = "vime.rollout.vllm_rollout.generate_rollout"
 HOOK_FLAGS = ("rollout_function_path", "custom_generate_function_path", "dynamic_sampling_filter_path",
               "buffer_filter_path", "eval_function_path", "custom_rm_path", "data_source_path")
 
@@ -100,6 +101,8 @@ def training_config(args, urls: Engines) -> TrainingConfig:
         engine_urls=urls.server_urls, trainer_task_queue=args.trainer_task_queue, max_staleness=args.max_staleness,
         save=str(Path(args.save).resolve()) if args.save else None, save_interval=args.save_interval,
         trainer_heartbeat_seconds=args.heartbeat_timeout, rollout_heartbeat_seconds=args.heartbeat_timeout,
+        custom_rollout_function=args.rollout_function_path != DEFAULT_ROLLOUT_FUNCTION,
+        rollout_task_queue=args.rollout_task_queue,
     )
 
 

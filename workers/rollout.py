@@ -27,7 +27,7 @@ async def serve(args) -> None:
     with SampleStore.open(args.store_url) as store:
         acts = RolloutActivities(args, store)
         worker = Worker(client, task_queue=args.rollout_task_queue,
-                        workflows=[TrainingWorkflow, RolloutWorkflow], activities=[acts.generate_group],
+                        workflows=[TrainingWorkflow, RolloutWorkflow], activities=[acts.generate_group, acts.generate_rollout_step],
                         max_concurrent_activities=256)
         try:
             await run_until_signalled([worker])

@@ -69,3 +69,23 @@ class RolloutWorkflow:
             updates.append(REWARD.value_set(out.reward_mean))
         workflow.upsert_search_attributes(updates)
         return out
+
+
+ROLLOUT_STEP = "generate_rollout_step"
+
+
+@dataclass
+class RolloutStepInput:
+    """A whole rollout step by the user's `--rollout-function-path` (one heartbeating activity)."""
+
+    run_id: str
+    step: int
+    position: int  # the data source's position before the step
+    weight_version: int
+    heartbeat_seconds: float = 60.0
+
+
+@dataclass
+class RolloutStepOutput:
+    groups: list[RolloutOutput] = field(default_factory=list)
+    next_position: int = 0

@@ -29,7 +29,8 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from vime.temporal.search_attributes import POLICY_VERSION, ROLLOUT_STATUS, RUN_ID
     from vime.types import RolloutRef
-    from workflows.rollout import RolloutInput, RolloutOutput, RolloutWorkflow, rollout_workflow_id
+    from workflows.rollout import (ROLLOUT_STEP, RolloutInput, RolloutOutput, RolloutStepInput,
+                                   RolloutStepOutput, RolloutWorkflow, rollout_workflow_id)
 
 
 @dataclass
@@ -82,6 +83,8 @@ class TrainingConfig:
     trainer_heartbeat_seconds: float = 60.0
     rollout_heartbeat_seconds: float = 60.0
     max_filter_rounds: int = 16
+    custom_rollout_function: bool = False  # --rollout-function-path replaces per-group workflows
+    rollout_task_queue: str = "vime-rollout"
 
 
 @dataclass
@@ -103,6 +106,10 @@ class TrainingInput:
 
 KEEP_METRICS = 200
 MAX_TRAINER_ERRORS = 3
+
+
+async def _attached(info: TrainerInfo) -> TrainerInfo:
+    return info
 
 
 def _short(seconds: float) -> dict:
@@ -128,6 +135,8 @@ class TrainingWorkflow:
         cfg, self.cfg, self.state = inp.config, inp.config, inp.state
         workflow.upsert_search_attributes([RUN_ID.value_set(cfg.run_id), ROLLOUT_STATUS.value_set("training")])
         prefetch: dict[int, asyncio.Task[list[RolloutOutput]]] = {}
+        if self.state.step < cfg.num_rollout:  # attaching syncs the servers: no rollout before that
+            await self._with_trainer("attach", _attached)
         while self.state.step < cfg.num_rollout:
             step = self.state.step
             for s in range(step, min(cfg.num_rollout, step + cfg.max_staleness + 1)):
@@ -163,6 +172,8 @@ class TrainingWorkflow:
     async def _collect(self, step: int, weight_version: int) -> list[RolloutOutput]:
         """`rollout_batch_size` groups the dynamic-sampling filter kept (fewer if rounds run out)."""
         cfg = self.cfg
+        if cfg.custom_rollout_function:
+            return await self._collect_by_function(step, weight_version)
         kept: list[RolloutOutput] = []
         for round_ in range(cfg.max_filter_rounds):
             want = cfg.rollout_batch_size - len(kept)
@@ -176,6 +187,19 @@ class TrainingWorkflow:
         workflow.logger.warning("step %d: only %d of %d groups passed the filter in %d rounds",
                                 step, len(kept), cfg.rollout_batch_size, cfg.max_filter_rounds)
         return kept
+
+    async def _collect_by_function(self, step: int, weight_version: int) -> list[RolloutOutput]:
+        """The user's rollout function owns the step: it pulls prompts from a data source at our
+        position, and tells us where it stopped."""
+        cfg = self.cfg
+        out = await workflow.execute_activity(
+            ROLLOUT_STEP, RolloutStepInput(cfg.run_id, step, self.state.data_position, weight_version,
+                                           cfg.rollout_heartbeat_seconds),
+            result_type=RolloutStepOutput, task_queue=cfg.rollout_task_queue,
+            start_to_close_timeout=timedelta(hours=12), heartbeat_timeout=timedelta(seconds=cfg.rollout_heartbeat_seconds),
+            retry_policy=RetryPolicy(maximum_attempts=10, non_retryable_error_types=["ConfigError"]))
+        self.state.data_position = out.next_position
+        return [g for g in out.groups if g.keep]
 
     async def _rollout(self, step: int, position: int, weight_version: int) -> RolloutOutput:
         cfg = self.cfg
