@@ -80,3 +80,12 @@ def training_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
 def engine_flags(server) -> list[str]:
     """Flags that point a run at an already running server instead of starting one."""
     return ["--vllm-router-ip", server.host, "--vllm-router-port", str(server.port), "--vllm-server-urls", server.url]
+
+
+@pytest_asyncio.fixture(scope="session", autouse=True)
+async def _close_engine_clients() -> AsyncIterator[None]:
+    """The default generate keeps one HTTP client per event loop; close it when the session ends."""
+    yield
+    from vime.rollout.generate import close_engine_clients
+
+    await close_engine_clients()
