@@ -16,7 +16,7 @@ elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then ext
 else extras=cpu,test; fi
 
 stamp=.venv/.vime-setup
-want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16) $extras"
+want="$(cat pyproject.toml package.json scripts/setup.sh | sha256sum | cut -c1-16) $extras"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c 'import vime' 2>/dev/null; then
   say ".venv is up to date ($extras)"; exit 0
 fi
@@ -37,5 +37,10 @@ say "installing vime[$extras] (vLLM, Temporal, transformers, ...): a few minutes
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 .venv/bin/python -c 'import transformers, vllm, temporalio, vime' \
   || { say "error: the installed environment does not import; see the messages above"; exit 1; }
+if [[ $extras == *test* ]] && command -v npm >/dev/null; then
+  # The agent-adapter tests drive the real CLIs (Claude Code, Codex) from node_modules/.bin.
+  say "installing the agent CLIs for the adapter tests (npm)"
+  npm install --no-audit --no-fund --loglevel=error >/dev/null
+fi
 echo "$want" > "$stamp"
 say "done: .venv ready ($extras)"
