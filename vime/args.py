@@ -35,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-import yaml
 
 from vime.errors import ConfigError
 
@@ -585,19 +584,7 @@ def _resolve(args: VimeArgs) -> None:
     if args.store_url is None:
         args.store_url = f"sqlite:///{Path(args.run_dir) / 'vime.db'}"
     if args.vllm_config is not None:
-        args.vllm_config_data = _read_vllm_config(args.vllm_config)
+        from vime.engine.vllm_config import read_vllm_config
 
+        args.vllm_config_data = read_vllm_config(args.vllm_config)
 
-def _read_vllm_config(path: str) -> dict:
-    """Check that --vllm-config exists and is a YAML mapping; its schema is the engine's to check."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"--vllm-config {path!r}: cannot read it ({exc.strerror})") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"--vllm-config {path!r}: not valid YAML ({_one_line(exc)})") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"--vllm-config {path!r}: expected a YAML mapping at the top, got {type(data).__name__}")
-    return data
