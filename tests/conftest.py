@@ -89,3 +89,21 @@ async def _close_engine_clients() -> AsyncIterator[None]:
     from vime.rollout.generate import close_engine_clients
 
     await close_engine_clients()
+
+
+@pytest.fixture(scope="session")
+def long_context_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A vLLM server with a 32k context for real agent CLIs (their first prompt is ~15k tiny-model
+    tokens). 2 GiB of KV cache holds 32k tokens of the tiny model; the CPU defaults set the
+    per-step token budget to the max model len, so a whole prompt is prefilled in one step."""
+    from vime.engine.server import VLLMServer
+
+    server = VLLMServer(
+        tiny_model_dir,
+        server_args=["--max-model-len", "32768", "--seed", "0"],
+        served_model_name="tiny",
+        env={"VLLM_CPU_KVCACHE_SPACE": "2"},
+        log_path=tmp_path_factory.mktemp("vllm-long") / "vllm.log",
+    )
+    with server:
+        yield server
