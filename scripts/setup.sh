@@ -15,6 +15,15 @@ if [ -n "${1:-}" ]; then extras=$1
 elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then extras=gpu,test
 else extras=cpu,test; fi
 
+if ! command -v bwrap >/dev/null; then  # the local sandbox backend runs agents' commands in bubblewrap
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "installing bubblewrap (apt-get)"
+    apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null
+  else
+    say "warning: bubblewrap (bwrap) is not installed and cannot be installed here; sandbox tests will fail"
+  fi
+fi
+
 stamp=.venv/.vime-setup
 want="$(cat pyproject.toml package.json scripts/setup.sh | sha256sum | cut -c1-16) $extras"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && .venv/bin/python -c 'import vime' 2>/dev/null; then

@@ -1,0 +1,193 @@
+"""`E2BSandbox` against `FakeE2BSdk`, a FAKE of the e2b SDK boundary (the E2B cloud is not
+reachable here). The fake mirrors the SDK surface vime uses (`AsyncSandbox.create`,
+`.commands.run`, `.files.read/write`, `.kill`, the exception classes) and runs commands on the
+host in a scratch root where `/workspace` and `/tmp` are rewritten: enough to test vime's
+mapping of results and errors, not isolation (that is E2B's job; see docs/sandbox-backends.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import types
+import uuid
+from pathlib import Path
+
+import pytest
+
+from vime.agent.sandbox import CommandFailed, CommandTimeout, E2BSandbox, SandboxError, make_sandbox
+
+
+class _FakeCommandExitException(Exception):
+    def __init__(self, stderr, stdout, exit_code, error):
+        super().__init__(error)
+        self.stderr, self.stdout, self.exit_code, self.error = stderr, stdout, exit_code, error
+
+
+class _FakeTimeoutException(Exception):
+    pass
+
+
+class _FakeFileNotFoundException(Exception):
+    pass
+
+
+class _FakeSandbox:
+    live: dict[str, "_FakeSandbox"] = {}
+    fail_create = False
+
+    def __init__(self, root: Path, opts: dict):
+        self.sandbox_id, self.root, self.opts = uuid.uuid4().hex[:8], root, opts
+        (root / "tmp").mkdir(parents=True)
+        self.commands = types.SimpleNamespace(run=self._run)
+        self.files = types.SimpleNamespace(read=self._read, write=self._write)
+        self.runs: list[dict] = []
+
+    @classmethod
+    async def create(cls, **opts):
+        if cls.fail_create:
+            raise RuntimeError("401: invalid API key")
+        sbx = cls(Path(opts.pop("_root_factory")()), opts) if "_root_factory" in opts else None
+        cls.live[sbx.sandbox_id] = sbx
+        return sbx
+
+    def _map(self, text: str) -> str:
+        return re.sub(r"(?<![\w./-])/(workspace|tmp)\b", lambda m: f"{self.root}/{m[1]}", text)
+
+    async def _run(self, cmd, envs=None, user=None, cwd=None, timeout=60, **_):
+        self.runs.append({"cmd": cmd, "envs": envs, "user": user, "cwd": cwd, "timeout": timeout})
+        try:
+            done = subprocess.run(["bash", "-c", self._map(cmd)], cwd=self._map(cwd) if cwd else None,
+                                  env={"PATH": "/usr/bin:/bin", **(envs or {})}, capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise _FakeTimeoutException(f"context deadline exceeded after {timeout}") from e
+        if done.returncode != 0:
+            raise _FakeCommandExitException(done.stderr, done.stdout, done.returncode, "exit status")
+        return types.SimpleNamespace(exit_code=0, stdout=done.stdout, stderr=done.stderr, error=None)
+
+    async def _read(self, path, format="text", **_):
+        try:
+            data = Path(self._map(path)).read_bytes()
+        except FileNotFoundError as e:
+            raise _FakeFileNotFoundException(path) from e
+        return bytearray(data) if format == "bytes" else data.decode()
+
+    async def _write(self, path, data, **_):
+        target = Path(self._map(path))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data.encode() if isinstance(data, str) else data)
+
+    async def kill(self):
+        self.live.pop(self.sandbox_id, None)
+        return True
+
+
+def FakeE2BSdk(tmp_path: Path) -> types.SimpleNamespace:
+    """A fake `e2b` module whose sandboxes live under `tmp_path`."""
+    counter = iter(range(1000))
+
+    class AsyncSandbox(_FakeSandbox):
+        live = {}
+
+        @classmethod
+        async def create(cls, **opts):
+            return await super().create(_root_factory=lambda: tmp_path / f"vm{next(counter)}", **opts)
+
+    return types.SimpleNamespace(
+        AsyncSandbox=AsyncSandbox,
+        CommandExitException=_FakeCommandExitException,
+        TimeoutException=_FakeTimeoutException,
+        FileNotFoundException=_FakeFileNotFoundException,
+    )
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    (tmp_path / "repo" / "pkg").mkdir(parents=True)
+    (tmp_path / "repo" / "pkg" / "mod.py").write_text("X = 1\n")
+    return tmp_path / "repo"
+
+
+async def test_round_trips_and_teardown(repo: Path, tmp_path: Path) -> None:
+    sdk = FakeE2BSdk(tmp_path / "cloud")
+    sb = make_sandbox("e2b", repo_dir=repo, template="vime-python", sdk=sdk)
+    assert isinstance(sb, E2BSandbox)
+    async with sb:
+        assert sb.sandbox_id.startswith("e2b-")
+        vm = next(iter(sdk.AsyncSandbox.live.values()))
+        assert vm.opts["template"] == "vime-python" and vm.opts["allow_internet_access"] is False
+        rc, out, _ = await sb.exec("cat pkg/mod.py")
+        assert (rc, out) == (0, "X = 1\n") and vm.runs[-1]["cwd"] == "/workspace"
+        assert tuple(await sb.exec(["sh", "-c", "echo oops >&2; exit 4"])) == (4, "", "oops\n")
+        with pytest.raises(CommandFailed, match="exited with 4"):
+            await sb.exec("exit 4", check=True)
+        with pytest.raises(CommandTimeout):
+            await sb.exec("sleep 5", timeout=0.2)
+        await sb.exec("true", user="root", env={"A": "1"})
+        assert vm.runs[-1]["user"] == "root" and vm.runs[-1]["envs"] == {"A": "1"}
+
+        await sb.write_file("notes.txt", "hi")
+        assert await sb.read_file("/workspace/notes.txt") == b"hi"
+        with pytest.raises(FileNotFoundError):
+            await sb.read_file("missing")
+        (tmp_path / "local" / "d").mkdir(parents=True)
+        (tmp_path / "local" / "d" / "f").write_text("in")
+        await sb.copy_in(tmp_path / "local", "incoming")
+        await sb.exec("echo out > incoming/g", check=True)
+        await sb.copy_out("/workspace", tmp_path / "back")
+        assert (tmp_path / "back" / "incoming" / "d" / "f").read_text() == "in"
+        assert (tmp_path / "back" / "incoming" / "g").read_text() == "out\n"
+        assert (tmp_path / "back" / "pkg" / "mod.py").read_text() == "X = 1\n"
+    assert sdk.AsyncSandbox.live == {}
+    with pytest.raises(SandboxError, match="not running"):
+        await sb.exec("true")
+
+
+async def test_killed_on_exception_and_cancel(repo: Path, tmp_path: Path) -> None:
+    sdk = FakeE2BSdk(tmp_path / "cloud")
+    with pytest.raises(RuntimeError, match="boom"):
+        async with E2BSandbox(repo, sdk=sdk):
+            raise RuntimeError("boom")
+    assert sdk.AsyncSandbox.live == {}
+
+    started = asyncio.Event()
+
+    async def rollout() -> None:
+        async with E2BSandbox(repo, sdk=sdk):
+            started.set()
+            await asyncio.sleep(300)
+
+    task = asyncio.create_task(rollout())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert sdk.AsyncSandbox.live == {}
+
+
+async def test_provider_failures_are_infra(repo: Path, tmp_path: Path) -> None:
+    sdk = FakeE2BSdk(tmp_path / "cloud")
+    sdk.AsyncSandbox.fail_create = True
+    with pytest.raises(SandboxError, match="could not start: 401"):
+        async with E2BSandbox(repo, sdk=sdk):
+            pass
+    sdk.AsyncSandbox.fail_create = False
+    async with E2BSandbox(repo, sdk=sdk) as sb:
+        async def vm_gone(*a, **k):
+            raise ConnectionError("sandbox not found")
+
+        sb._sbx.commands.run = vm_gone
+        with pytest.raises(SandboxError, match="sandbox not found"):
+            await sb.exec("true")
+
+
+def test_missing_sdk_is_a_clear_error(monkeypatch) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "e2b", None)
+    from vime.agent.sandbox.e2b import _sdk
+
+    with pytest.raises(SandboxError, match="pip install e2b"):
+        _sdk()

@@ -1,0 +1,383 @@
+"""The local sandbox backend: bubblewrap over a private copy of the task repository.
+
+Design: entering copies the repository into a fresh temp dir (the workdir); each `exec` runs a
+fresh `bwrap` over that same workdir, so there is no long-lived container to die, leak or
+restart, and all state the agent makes lives in the workdir (mounted at `/workspace`). Outside
+it the host filesystem is read-only, `/tmp`, `/proc` and `/dev` are private, every namespace is
+unshared (no network unless `network=True`), and the command runs under `prlimit`
+(RLIMIT_CPU / RLIMIT_AS / RLIMIT_NPROC) plus a wall-clock timeout.
+
+Why the details matter:
+- Running as root, bwrap itself is started as `run_as_uid` (default 65534, "nobody"): the kernel
+  exempts uid 0 from RLIMIT_NPROC, so a fork bomb inside a root-owned sandbox would not be
+  stopped. The limits are set inside the sandbox (after its user namespace exists) so that the
+  process count is per sandbox, not shared by every sandbox of that uid.
+- Each bwrap leads its own process group and `--die-with-parent` chains SIGKILL down to the
+  sandbox's PID-namespace init, whose death kills every process in the sandbox; so killing the
+  group reaps the whole tree, and a SIGKILLed worker leaves no process behind either.
+- `--json-status-fd` tells a sandbox that failed to start (infra: `SandboxError`) from a
+  command that exited non-zero (task data: `rc`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import signal
+import stat
+import tempfile
+import uuid
+from pathlib import Path, PurePosixPath
+
+from vime.agent.sandbox.base import (
+    WORKDIR,
+    CommandFailed,
+    CommandTimeout,
+    ExecResult,
+    SandboxError,
+)
+from vime.errors import ConfigError
+
+_PREFIX = "vime-sbx-"
+_PRIVATE_ROOT_ENTRIES = {"proc", "dev", "tmp", WORKDIR.strip("/")}
+_BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/tmp",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+}
+
+
+class BwrapSandbox:
+    """A bubblewrap sandbox over a private copy of `repo_dir` (empty workdir if None).
+
+    `cpu_seconds` / `memory_bytes` / `max_processes` bound each command (per process CPU time,
+    address space, tasks in the sandbox); `wall_timeout` is the default `exec` timeout.
+    `max_output_bytes` caps what is kept of each of stdout / stderr (the head).
+    """
+
+    def __init__(
+        self,
+        repo_dir: str | Path | None = None,
+        *,
+        network: bool = False,
+        cpu_seconds: int = 600,
+        memory_bytes: int = 8 << 30,
+        max_processes: int = 512,
+        wall_timeout: float = 1800.0,
+        run_as_uid: int | None = 65534,
+        base_dir: str | Path | None = None,
+        env: dict[str, str] | None = None,
+        max_output_bytes: int = 16 << 20,
+    ):
+        self.repo_dir = Path(repo_dir) if repo_dir is not None else None
+        self.network = network
+        self.cpu_seconds, self.memory_bytes = cpu_seconds, memory_bytes
+        self.max_processes, self.wall_timeout = max_processes, wall_timeout
+        self.run_as_uid = run_as_uid if os.geteuid() == 0 else None
+        self.base_dir = base_dir
+        self.env = dict(env or {})
+        self.max_output_bytes = max_output_bytes
+        self.sandbox_id = f"bwrap-{uuid.uuid4().hex[:12]}"
+        self.root: Path | None = None
+        self._procs: set[asyncio.subprocess.Process] = set()
+
+    @property
+    def workdir(self) -> Path:
+        """The host directory mounted read-write at `/workspace`."""
+        if self.root is None:
+            raise SandboxError(f"sandbox {self.sandbox_id} is not running: use `async with`")
+        return self.root / "workspace"
+
+    async def __aenter__(self) -> BwrapSandbox:
+        self._bwrap = shutil.which("bwrap")
+        self._prlimit = shutil.which("prlimit")
+        if not self._bwrap or not self._prlimit:
+            raise SandboxError(
+                "bwrap sandbox needs `bwrap` and `prlimit` on PATH: apt-get install -y bubblewrap"
+            )
+        if self.repo_dir is not None and not self.repo_dir.is_dir():
+            raise ConfigError(f"sandbox repo_dir {str(self.repo_dir)!r} is not a directory")
+        self.root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=self.base_dir))
+        try:
+            await asyncio.to_thread(self._populate)
+        except BaseException as e:
+            self._remove_root()
+            if isinstance(e, Exception):
+                raise SandboxError(f"sandbox {self.sandbox_id} could not start: {e}") from e
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        try:
+            for proc in list(self._procs):
+                await _kill(proc)
+                self._procs.discard(proc)
+        finally:
+            self._remove_root()
+
+    async def exec(
+        self,
+        cmd: str | list[str],
+        *,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        user: str | int | None = None,
+        check: bool = False,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        """Run `cmd` in a fresh bwrap over the workdir; see `Sandbox.exec`."""
+        timeout = self.wall_timeout if timeout is None else timeout
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        status_r, status_w = os.pipe()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self._bwrap_argv(argv, user, cwd, status_w),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env={**_BASE_ENV, **self.env, **(env or {})},
+                start_new_session=True,
+                pass_fds=(status_w,),
+                **self._drop_privileges(),
+            )
+        except OSError as e:
+            os.close(status_r)
+            raise SandboxError(f"sandbox {self.sandbox_id}: cannot run bwrap: {e}") from e
+        finally:
+            os.close(status_w)
+        self._procs.add(proc)
+        out, err = bytearray(), bytearray()
+        try:
+            try:
+                await asyncio.wait_for(
+                    asyncio.gather(
+                        self._drain(proc.stdout, out), self._drain(proc.stderr, err), proc.wait()
+                    ),
+                    timeout,
+                )
+            except asyncio.TimeoutError:
+                await _kill(proc)
+                raise CommandTimeout(cmd, timeout, _text(out), _text(err)) from None
+        except BaseException:
+            await _kill(proc)
+            raise
+        finally:
+            self._procs.discard(proc)
+            status = _read_status(status_r)
+        if "exit-code" not in status:
+            if self.root is None:
+                raise SandboxError(f"sandbox {self.sandbox_id} was closed while {cmd!r} ran")
+            raise SandboxError(
+                f"sandbox {self.sandbox_id} failed to start the command (bwrap rc {proc.returncode}"
+                f"): {_text(err).strip()[-500:]}"
+            )
+        result = ExecResult(status["exit-code"], _text(out), _text(err))
+        if check and result.rc != 0:
+            raise CommandFailed(cmd, result)
+        return result
+
+    async def write_file(self, path: str, data: str | bytes) -> None:
+        host = self._host_path(path)
+        payload = data.encode() if isinstance(data, str) else data
+
+        def write() -> None:
+            self._make_parents(host.parent)
+            fd = os.open(host, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+            self._own(host)
+
+        await asyncio.to_thread(write)
+
+    async def read_file(self, path: str) -> bytes:
+        """The file's bytes; FileNotFoundError if it does not exist."""
+        host = self._host_path(path)
+
+        def read() -> bytes:
+            fd = os.open(host, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as f:
+                return f.read()
+
+        return await asyncio.to_thread(read)
+
+    async def copy_in(self, local_dir: str | Path, sandbox_dir: str) -> None:
+        """Copy the contents of `local_dir` into `sandbox_dir` (merged; symlinks kept as links)."""
+        dest = self._host_path(sandbox_dir)
+
+        def copy() -> None:
+            self._make_parents(dest)
+            shutil.copytree(local_dir, dest, symlinks=True, dirs_exist_ok=True)
+            self._own_tree(dest)
+
+        await asyncio.to_thread(copy)
+
+    async def copy_out(self, sandbox_dir: str, local_dir: str | Path) -> None:
+        """Copy `sandbox_dir` to `local_dir`; links stay links, so nothing outside leaks out."""
+        src = self._host_path(sandbox_dir)
+        await asyncio.to_thread(shutil.copytree, src, local_dir, symlinks=True, dirs_exist_ok=True)
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _bwrap_argv(self, argv: list[str], user: str | int | None, cwd: str | None, fd: int):
+        args = [self._bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
+        if self.network:
+            args.append("--share-net")
+        args += _root_binds()
+        args += ["--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
+        parent = self.root.parent.resolve()
+        if parent != Path("/tmp") and Path("/tmp") not in parent.parents:
+            args += ["--tmpfs", str(parent)]  # hide sibling sandboxes' workdirs
+        args += ["--bind", str(self.workdir), WORKDIR, "--chdir", cwd or WORKDIR]
+        if user is not None:
+            uid = _uid(user)
+            args += ["--unshare-user", "--uid", str(uid), "--gid", str(uid)]
+        args += ["--json-status-fd", str(fd), "--", self._prlimit]
+        args += [f"--cpu={self.cpu_seconds}", f"--as={self.memory_bytes}"]
+        args += [f"--nproc={self.max_processes}", "--", *argv]
+        return args
+
+    def _drop_privileges(self) -> dict:
+        if self.run_as_uid is None:
+            return {}
+        return {"user": self.run_as_uid, "group": self.run_as_uid, "extra_groups": []}
+
+    async def _drain(self, stream: asyncio.StreamReader, buf: bytearray) -> None:
+        while chunk := await stream.read(1 << 16):
+            room = self.max_output_bytes - len(buf)
+            if room > 0:
+                buf += chunk[:room]
+
+    def _host_path(self, path: str) -> Path:
+        """The host path of a sandbox path, refusing anything outside the workdir."""
+        full = PurePosixPath(WORKDIR, path)
+        if ".." in full.parts or not (full == PurePosixPath(WORKDIR) or full.is_relative_to(WORKDIR)):
+            raise ConfigError(
+                f"sandbox path {path!r}: only paths under {WORKDIR} can be read or written"
+            )
+        host = self.workdir / full.relative_to(WORKDIR)
+        real_work = os.path.realpath(self.workdir)
+        if os.path.commonpath([real_work, os.path.realpath(host)]) != real_work:
+            raise ConfigError(f"sandbox path {path!r} leads outside {WORKDIR} through a symlink")
+        return host
+
+    def _populate(self) -> None:
+        if self.repo_dir is not None:
+            shutil.copytree(self.repo_dir, self.workdir, symlinks=True)
+        else:
+            self.workdir.mkdir()
+        self._own_tree(self.root)
+
+    def _make_parents(self, path: Path) -> None:
+        missing = [p for p in [path, *path.parents] if not p.exists()]
+        path.mkdir(parents=True, exist_ok=True)
+        for p in missing:
+            self._own(p)
+
+    def _own(self, path: Path) -> None:
+        if self.run_as_uid is not None:
+            os.lchown(path, self.run_as_uid, self.run_as_uid)
+
+    def _own_tree(self, top: Path) -> None:
+        if self.run_as_uid is None:
+            return
+        self._own(top)
+        for dirpath, dirnames, filenames in os.walk(top):
+            for name in dirnames + filenames:
+                self._own(Path(dirpath, name))
+
+    def _remove_root(self) -> None:
+        if self.root is not None:
+            _rmtree(self.root)
+            self.root = None
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the bwrap process group; --die-with-parent and the PID namespace do the rest."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    await asyncio.shield(proc.wait())
+
+
+def _read_status(fd: int) -> dict:
+    """Merge the JSON documents bwrap wrote to --json-status-fd (non-blocking; closes fd)."""
+    os.set_blocking(fd, False)
+    data = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(fd, 1 << 16):
+            data += chunk
+    os.close(fd)
+    status: dict = {}
+    decoder, text, i = json.JSONDecoder(), data.decode(errors="replace"), 0
+    while (i := _skip_ws(text, i)) < len(text):
+        try:
+            doc, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break
+        status.update(doc)
+    return status
+
+
+def _skip_ws(text: str, i: int) -> int:
+    while i < len(text) and text[i].isspace():
+        i += 1
+    return i
+
+
+def _root_binds() -> list[str]:
+    """Every top-level entry of / read-only (symlinks recreated), except the private ones."""
+    args: list[str] = []
+    for name in sorted(os.listdir("/")):
+        path = f"/{name}"
+        if name in _PRIVATE_ROOT_ENTRIES:
+            continue
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
+def _uid(user: str | int) -> int:
+    if isinstance(user, int):
+        return user
+    if user.isdigit():
+        return int(user)
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise ConfigError(f"sandbox user {user!r}: no such user in /etc/passwd") from None
+
+
+def _text(buf: bytes | bytearray) -> str:
+    return bytes(buf).decode(errors="replace")
+
+
+def _rmtree(path: Path) -> None:
+    """Remove a workdir even where the sandboxed command made directories read-only."""
+
+    def retry(func, p, _exc) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(p), stat.S_IRWXU)
+            os.chmod(p, stat.S_IRWXU)
+        with contextlib.suppress(FileNotFoundError):
+            func(p)
+
+    shutil.rmtree(path, onerror=retry)
+
+
+def reap_stale_workdirs(base_dir: str | Path | None = None) -> list[Path]:
+    """Remove workdirs left by processes that no longer exist (a worker killed with SIGKILL
+    cannot clean up after itself); returns what it removed. Safe to call at worker start."""
+    removed = []
+    for path in Path(base_dir or tempfile.gettempdir()).glob(f"{_PREFIX}*"):
+        pid = path.name[len(_PREFIX) :].split("-", 1)[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            _rmtree(path)
+            removed.append(path)
+    return removed

@@ -1,0 +1,172 @@
+"""The E2B backend: the same `Sandbox` contract over an E2B (or E2B-compatible) cloud sandbox.
+
+The `e2b` SDK is imported when a sandbox is entered, not when vime is, so vime runs without it.
+Isolation and limits are the provider's (a Firecracker microVM per sandbox, sized by the
+template); this class maps the SDK's outcomes onto vime's error classes: a non-zero exit is
+`rc`, a command timeout is `CommandTimeout`, anything else from the SDK (auth, quota, the VM
+gone) is `SandboxError`, i.e. infra. The VM is killed on exit, always; `timeout` (the VM's own
+lifetime in seconds) bounds what a crashed worker can leak.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import shlex
+import tarfile
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from vime.agent.sandbox.base import (
+    WORKDIR,
+    CommandFailed,
+    CommandTimeout,
+    ExecResult,
+    SandboxError,
+)
+
+
+def _sdk() -> Any:
+    try:
+        import e2b
+    except ImportError as e:
+        raise SandboxError("--sandbox-backend e2b needs the e2b SDK: pip install e2b") from e
+    return e2b
+
+
+class E2BSandbox:
+    """An E2B sandbox with `repo_dir` (if given) copied to `/workspace`.
+
+    `template` is the E2B template id or name (its image holds the toolchain the tasks need);
+    `api_key` defaults to the SDK's `E2B_API_KEY` environment variable; `network=False` asks the
+    provider to deny internet access. `sdk` replaces the `e2b` module (tests pass a fake).
+    """
+
+    def __init__(
+        self,
+        repo_dir: str | Path | None = None,
+        *,
+        template: str | None = None,
+        network: bool = False,
+        lifetime: int = 3600,
+        wall_timeout: float = 1800.0,
+        api_key: str | None = None,
+        env: dict[str, str] | None = None,
+        sdk: Any = None,
+    ):
+        self.repo_dir = Path(repo_dir) if repo_dir is not None else None
+        self.template, self.network, self.lifetime = template, network, lifetime
+        self.wall_timeout, self.api_key, self.env = wall_timeout, api_key, dict(env or {})
+        self._sdk_override = sdk
+        self._sbx: Any = None
+        self.sandbox_id = "e2b-(not started)"
+
+    async def __aenter__(self) -> E2BSandbox:
+        self._e2b = self._sdk_override or _sdk()
+        opts: dict[str, Any] = {"template": self.template, "timeout": self.lifetime}
+        opts["envs"] = self.env or None
+        opts["allow_internet_access"] = self.network
+        if self.api_key:
+            opts["api_key"] = self.api_key
+        try:
+            self._sbx = await self._e2b.AsyncSandbox.create(**opts)
+        except Exception as e:
+            raise SandboxError(f"e2b sandbox (template {self.template!r}) could not start: {e}") from e
+        self.sandbox_id = f"e2b-{self._sbx.sandbox_id}"
+        try:
+            await self.exec(["mkdir", "-p", WORKDIR], check=True, user="root", cwd="/")
+            await self.exec(["chmod", "a+rwx", WORKDIR], check=True, user="root", cwd="/")
+            if self.repo_dir is not None:
+                await self.copy_in(self.repo_dir, WORKDIR)
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        sbx, self._sbx = self._sbx, None
+        if sbx is not None:
+            try:
+                await asyncio.shield(sbx.kill())
+            except Exception:
+                pass  # its lifetime timeout reclaims it; a teardown must not mask the real error
+
+    async def exec(
+        self,
+        cmd: str | list[str],
+        *,
+        env: dict[str, str] | None = None,
+        timeout: float | None = None,
+        user: str | int | None = None,
+        check: bool = False,
+        cwd: str | None = None,
+    ) -> ExecResult:
+        sbx = self._running()
+        timeout = self.wall_timeout if timeout is None else timeout
+        line = cmd if isinstance(cmd, str) else shlex.join(cmd)
+        try:
+            done = await sbx.commands.run(
+                line,
+                envs=env,
+                user=None if user is None else str(user),
+                cwd=cwd or WORKDIR,
+                timeout=timeout,
+            )
+            result = ExecResult(done.exit_code, done.stdout, done.stderr)
+        except self._e2b.CommandExitException as e:
+            result = ExecResult(e.exit_code, e.stdout, e.stderr)
+        except self._e2b.TimeoutException as e:
+            raise CommandTimeout(cmd, timeout) from e
+        except Exception as e:
+            raise SandboxError(f"sandbox {self.sandbox_id} failed running {line[:200]!r}: {e}") from e
+        if check and result.rc != 0:
+            raise CommandFailed(cmd, result)
+        return result
+
+    async def write_file(self, path: str, data: str | bytes) -> None:
+        await self._files_call("write", _abs(path), data)
+
+    async def read_file(self, path: str) -> bytes:
+        """The file's bytes; FileNotFoundError if it does not exist."""
+        try:
+            return bytes(await self._files_call("read", _abs(path), format="bytes"))
+        except SandboxError as e:
+            if isinstance(e.__cause__, self._e2b.FileNotFoundException):
+                raise FileNotFoundError(path) from e
+            raise
+
+    async def copy_in(self, local_dir: str | Path, sandbox_dir: str) -> None:
+        """One tar upload and one extract: a repository is thousands of files."""
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            tar.add(str(local_dir), arcname=".")
+        archive = f"/tmp/vime-in-{id(buf)}.tar.gz"
+        await self._files_call("write", archive, buf.getvalue())
+        dest = _abs(sandbox_dir)
+        await self.exec(f"mkdir -p {shlex.quote(dest)} && tar -xzf {archive} -C "
+                        f"{shlex.quote(dest)} && rm -f {archive}", check=True)
+
+    async def copy_out(self, sandbox_dir: str, local_dir: str | Path) -> None:
+        archive = f"/tmp/vime-out-{id(self)}.tar.gz"
+        src = _abs(sandbox_dir)
+        await self.exec(f"tar -czf {archive} -C {shlex.quote(src)} .", check=True)
+        data = await self._files_call("read", archive, format="bytes")
+        Path(local_dir).mkdir(parents=True, exist_ok=True)
+        with tarfile.open(fileobj=io.BytesIO(bytes(data)), mode="r:gz") as tar:
+            tar.extractall(local_dir, filter="data")  # no absolute paths, no escaping links
+
+    def _running(self) -> Any:
+        if self._sbx is None:
+            raise SandboxError(f"sandbox {self.sandbox_id} is not running: use `async with`")
+        return self._sbx
+
+    async def _files_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        sbx = self._running()
+        try:
+            return await getattr(sbx.files, method)(*args, **kwargs)
+        except Exception as e:
+            raise SandboxError(f"sandbox {self.sandbox_id}: files.{method}{args[:1]} failed: {e}") from e
+
+
+def _abs(path: str) -> str:
+    return str(PurePosixPath(WORKDIR, path))
