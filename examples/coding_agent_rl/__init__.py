@@ -1,0 +1,1 @@
+"""The coding-agent RL example: agents fix bugs in small repositories, graded by their tests."""

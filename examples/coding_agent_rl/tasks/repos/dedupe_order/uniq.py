@@ -1,0 +1,3 @@
+def dedupe(items):
+    """Unique items of `items`, first occurrence first."""
+    return list(set(items))

@@ -1,0 +1,20 @@
+class Stack:
+    def __init__(self):
+        self._items = []
+
+    def push(self, item):
+        self._items.append(item)
+
+    def pop(self):
+        if not self._items:
+            raise IndexError("pop from empty stack")
+        return self._items.pop()
+
+    def peek(self):
+        """The top item, without removing it."""
+        if not self._items:
+            raise IndexError("peek at empty stack")
+        return self._items[0]
+
+    def __len__(self):
+        return len(self._items)
