@@ -17,17 +17,16 @@ import torch.distributed as dist
 def init_distributed() -> torch.device:
     """Join (or create) the default process group; return this rank's device.
 
-    Without torchrun's environment this becomes a one-rank group on a free local port, so the
-    same FSDP2 code path runs in tests and on a laptop.
+    Without torchrun's environment this becomes a one-rank group over an in-memory store (no
+    port to race for), so the same FSDP2 code path runs in tests and on a laptop.
     """
     if not dist.is_initialized():
-        if "RANK" not in os.environ:
-            from vime.engine.server import free_port
-
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(free_port()))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend)
+        if "RANK" in os.environ:
+            dist.init_process_group(backend)
+        else:
+            os.environ.setdefault("LOCAL_RANK", "0")
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
