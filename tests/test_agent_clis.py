@@ -140,20 +140,19 @@ def check_trajectory(segments, engine, session_id: str, seen: list[dict], label:
         assert set(sample.loss_mask) <= {0, 1} and sample.rollout_id == session_id
 
 
-@pytest.mark.skipif(CLAUDE is None, reason="Claude Code not installed (npm install @anthropic-ai/claude-code)")
-async def test_claude_code_completes_a_session_and_its_trajectory_is_exported(tokenizer, long_context_server,
-                                                                              tmp_path):
-    engine = TimedEngine(long_context_server.url, tokenizer)
-    adapter = AnthropicAdapter(tokenizer, long_context_server.url, engine=engine, max_turns=16)
+async def run_claude_code(tokenizer, server, tmp_path, session_id: str, sampling: dict):
+    """`claude -p "Say hi"` against an AnthropicAdapter on `server`; returns its JSON result, the
+    exported segments, the recording engine, the requests seen and the wall time."""
+    engine = TimedEngine(server.url, tokenizer)
+    adapter = AnthropicAdapter(tokenizer, server.url, engine=engine, max_turns=16)
     seen = record_requests(adapter)
-    session_id = "claude-code-session"
     home = tmp_path / "home"
     (home / ".claude").mkdir(parents=True)
     work = tmp_path / "work"
     work.mkdir()
     try:
         async with adapter.serve() as url:
-            adapter.open_session(session_id, sampling_defaults=sampling_defaults(tokenizer))
+            adapter.open_session(session_id, sampling_defaults=sampling)
             env = clean_env(ANTHROPIC_BASE_URL=url, ANTHROPIC_API_KEY=session_id, HOME=str(home),
                             CLAUDE_CONFIG_DIR=str(home / ".claude"), DISABLE_TELEMETRY="1",
                             DISABLE_AUTOUPDATER="1", DISABLE_ERROR_REPORTING="1",
@@ -167,6 +166,15 @@ async def test_claude_code_completes_a_session_and_its_trajectory_is_exported(to
     assert lines, f"no JSON result from Claude Code (rc {rc})\nstdout: {out[-2000:]}\nstderr: {err[-2000:]}"
     result = json.loads(lines[-1])
     print(f"\nclaude result: { {k: result.get(k) for k in ('subtype', 'is_error', 'terminal_reason', 'num_turns')} }")
+    return result, segments, engine, seen, err, wall_s
+
+
+@pytest.mark.skipif(CLAUDE is None, reason="Claude Code not installed (npm install @anthropic-ai/claude-code)")
+async def test_claude_code_completes_a_session_and_its_trajectory_is_exported(tokenizer, long_context_server,
+                                                                              tmp_path):
+    session_id = "claude-code-session"
+    result, segments, engine, seen, err, wall_s = await run_claude_code(
+        tokenizer, long_context_server, tmp_path, session_id, sampling_defaults(tokenizer))
     check_trajectory(segments, engine, session_id, seen, "claude", wall_s)
     assert result.get("terminal_reason") != "api_error" and result.get("is_error") is False, (result, err[-2000:])
 
@@ -178,30 +186,9 @@ async def test_claude_code_resumes_truncated_turns_and_they_extend_one_segment(t
     `stop_reason: "max_tokens"`; Claude Code then asks the model to resume (three times) and gives
     up with an error result of its own. The protocol holds through it: every request succeeds,
     and each resume extends the same segment (the client sends the truncated answer back)."""
-    engine = TimedEngine(long_context_server.url, tokenizer)
-    adapter = AnthropicAdapter(tokenizer, long_context_server.url, engine=engine, max_turns=16)
-    seen = record_requests(adapter)
     session_id = "claude-code-truncated"
-    home = tmp_path / "home"
-    (home / ".claude").mkdir(parents=True)
-    work = tmp_path / "work"
-    work.mkdir()
-    try:
-        async with adapter.serve() as url:
-            adapter.open_session(session_id, sampling_defaults={"max_tokens": 16, "seed": 0})
-            env = clean_env(ANTHROPIC_BASE_URL=url, ANTHROPIC_API_KEY=session_id, HOME=str(home),
-                            CLAUDE_CONFIG_DIR=str(home / ".claude"), DISABLE_TELEMETRY="1",
-                            DISABLE_AUTOUPDATER="1", DISABLE_ERROR_REPORTING="1",
-                            CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1")
-            rc, out, err, wall_s = await run_cli(
-                [CLAUDE, "-p", "Say hi", "--output-format", "json", "--max-turns", "2"], env, work)
-            segments = await adapter.finish_session(session_id)
-    finally:
-        await engine.close()
-    lines = [line for line in out.splitlines() if line.strip().startswith("{")]
-    assert lines, f"no JSON result from Claude Code (rc {rc})\nstdout: {out[-2000:]}\nstderr: {err[-2000:]}"
-    result = json.loads(lines[-1])
-    print(f"\nclaude result: { {k: result.get(k) for k in ('subtype', 'is_error', 'terminal_reason', 'num_turns')} }")
+    result, segments, engine, seen, _, wall_s = await run_claude_code(
+        tokenizer, long_context_server, tmp_path, session_id, {"max_tokens": 16, "seed": 0})
     check_trajectory(segments, engine, session_id, seen, "claude (truncated turns)", wall_s)
     assert result.get("terminal_reason") != "api_error" and result.get("api_error_status") is None, result
     truncated = [c for c in engine.calls if c.output.finish_reason == "length"]
