@@ -1,5 +1,5 @@
 """`E2BSandbox` against `FakeE2BSdk`, a FAKE of the e2b SDK boundary (the E2B cloud is not
-reachable here). The fake mirrors the SDK surface vime uses (`AsyncSandbox.create`,
+reachable here). The fake mirrors the SDK surface vime uses (`AsyncSandbox.create` / `.connect`,
 `.commands.run`, `.files.read/write`, `.kill`, the exception classes) and runs commands on the
 host in a scratch root where `/workspace` and `/tmp` are rewritten: enough to test vime's
 mapping of results and errors, not isolation (that is E2B's job; see docs/sandbox-backends.md).
@@ -16,7 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from vime.agent.sandbox import CommandFailed, CommandTimeout, E2BSandbox, SandboxError, make_sandbox
+from vime.agent.sandbox import (
+    CommandFailed,
+    CommandTimeout,
+    E2BSandbox,
+    SandboxError,
+    SandboxGone,
+    attach_sandbox,
+    make_sandbox,
+)
+from vime.agent.sandbox.git import capture_diff, init_base, restore_diff
+from vime.errors import ConfigError
 
 
 class _FakeCommandExitException(Exception):
@@ -29,7 +39,15 @@ class _FakeTimeoutException(Exception):
     pass
 
 
-class _FakeFileNotFoundException(Exception):
+class _FakeNotFoundException(Exception):
+    pass
+
+
+class _FakeSandboxNotFoundException(_FakeNotFoundException):
+    pass
+
+
+class _FakeFileNotFoundException(_FakeNotFoundException):
     pass
 
 
@@ -43,6 +61,7 @@ class _FakeSandbox:
         self.commands = types.SimpleNamespace(run=self._run)
         self.files = types.SimpleNamespace(read=self._read, write=self._write)
         self.runs: list[dict] = []
+        self.connects: list[dict] = []
 
     @classmethod
     async def create(cls, **opts):
@@ -52,10 +71,23 @@ class _FakeSandbox:
         cls.live[sbx.sandbox_id] = sbx
         return sbx
 
+    @classmethod
+    async def connect(cls, sandbox_id, timeout=None, **opts):
+        if sandbox_id not in cls.live:
+            raise _FakeSandboxNotFoundException(f"404: sandbox {sandbox_id} not found")
+        sbx = cls.live[sandbox_id]
+        sbx.connects.append({"timeout": timeout, **opts})
+        return sbx
+
+    def _check_live(self):
+        if self.sandbox_id not in self.live:
+            raise _FakeSandboxNotFoundException(f"404: sandbox {self.sandbox_id} not found")
+
     def _map(self, text: str) -> str:
         return re.sub(r"(?<![\w./-])/(workspace|tmp)\b", lambda m: f"{self.root}/{m[1]}", text)
 
     async def _run(self, cmd, envs=None, user=None, cwd=None, timeout=60, **_):
+        self._check_live()
         self.runs.append({"cmd": cmd, "envs": envs, "user": user, "cwd": cwd, "timeout": timeout})
         try:
             done = subprocess.run(["bash", "-c", self._map(cmd)], cwd=self._map(cwd) if cwd else None,
@@ -68,6 +100,7 @@ class _FakeSandbox:
         return types.SimpleNamespace(exit_code=0, stdout=done.stdout, stderr=done.stderr, error=None)
 
     async def _read(self, path, format="text", **_):
+        self._check_live()
         try:
             data = Path(self._map(path)).read_bytes()
         except FileNotFoundError as e:
@@ -75,6 +108,7 @@ class _FakeSandbox:
         return bytearray(data) if format == "bytes" else data.decode()
 
     async def _write(self, path, data, **_):
+        self._check_live()
         target = Path(self._map(path))
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data.encode() if isinstance(data, str) else data)
@@ -99,6 +133,8 @@ def FakeE2BSdk(tmp_path: Path) -> types.SimpleNamespace:
         AsyncSandbox=AsyncSandbox,
         CommandExitException=_FakeCommandExitException,
         TimeoutException=_FakeTimeoutException,
+        NotFoundException=_FakeNotFoundException,
+        SandboxNotFoundException=_FakeSandboxNotFoundException,
         FileNotFoundException=_FakeFileNotFoundException,
     )
 
@@ -143,6 +179,51 @@ async def test_round_trips_and_teardown(repo: Path, tmp_path: Path) -> None:
     assert sdk.AsyncSandbox.live == {}
     with pytest.raises(SandboxError, match="not running"):
         await sb.exec("true")
+
+
+async def test_boot_attach_destroy_across_handles(repo: Path, tmp_path: Path) -> None:
+    """One activity boots, another attaches by id (`AsyncSandbox.connect`), a third destroys."""
+    sdk = FakeE2BSdk(tmp_path / "cloud")
+    booted = await E2BSandbox(repo, sdk=sdk, lifetime=600).boot()
+    await booted.exec("echo from-boot > state.txt", check=True)
+
+    handle = await attach_sandbox("e2b", booted.sandbox_id, sdk=sdk, lifetime=600)
+    assert isinstance(handle, E2BSandbox) and handle is not booted
+    assert handle.sandbox_id == booted.sandbox_id
+    vm = sdk.AsyncSandbox.live[booted.sandbox_id.removeprefix("e2b-")]
+    assert vm.connects == [{"timeout": 600}]  # attaching renews the VM's lifetime
+    assert await handle.read_file("state.txt") == b"from-boot\n"
+    await handle.write_file("more.txt", "from-handle")
+    assert (await booted.exec("cat more.txt")).stdout == "from-handle"
+
+    await handle.destroy()
+    assert sdk.AsyncSandbox.live == {}
+    await handle.destroy()  # idempotent
+    with pytest.raises(SandboxGone, match=booted.sandbox_id):
+        await booted.exec("true")  # the original handle learns on its next command
+    with pytest.raises(SandboxGone, match=booted.sandbox_id):
+        await booted.read_file("state.txt")
+    await booted.destroy()
+    with pytest.raises(SandboxGone, match=f"{booted.sandbox_id} is gone"):
+        await E2BSandbox.attach(booted.sandbox_id, sdk=sdk)
+    with pytest.raises(ConfigError, match="not an e2b sandbox id"):
+        await E2BSandbox.attach("bwrap-0123", sdk=sdk)
+
+
+async def test_git_diff_round_trip_over_e2b(repo: Path, tmp_path: Path) -> None:
+    """`vime.agent.sandbox.git` only uses the `Sandbox` contract, so it works on this backend too."""
+    sdk = FakeE2BSdk(tmp_path / "cloud")
+    async with E2BSandbox(repo, sdk=sdk) as sb:
+        await init_base(sb)
+        await sb.exec("echo 'X = 2' > pkg/mod.py && printf '\\000\\377' > blob.bin", check=True)
+        diff = await capture_diff(sb)
+    assert "+X = 2" in diff and "GIT binary patch" in diff
+    async with E2BSandbox(repo, sdk=sdk) as fresh:
+        await init_base(fresh)
+        await restore_diff(fresh, diff)
+        assert await fresh.read_file("pkg/mod.py") == b"X = 2\n"
+        assert await fresh.read_file("blob.bin") == b"\x00\xff"
+        assert await capture_diff(fresh) == diff
 
 
 async def test_killed_on_exception_and_cancel(repo: Path, tmp_path: Path) -> None:

@@ -6,6 +6,9 @@ callable (`Runner`), so a sandbox backend can replace `subprocess_runner` withou
 grading logic; the repository copy and the patch file live in a temporary directory that is
 always removed. The task's test files are restored after the diff is applied (`restore_tests`),
 so only source changes can earn the reward.
+
+This is the host-side grader (no sandbox); `vime.agent.coding.grading.grade_in_sandbox` grades
+the same way inside a sandbox, and owns `GradeResult`, `OUTCOMES` and `TEST_ENV`.
 """
 
 from __future__ import annotations
@@ -18,23 +21,17 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-GIT_ENV = {
-    "GIT_AUTHOR_NAME": "vime",
-    "GIT_AUTHOR_EMAIL": "vime@example.invalid",
-    "GIT_COMMITTER_NAME": "vime",
-    "GIT_COMMITTER_EMAIL": "vime@example.invalid",
-    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z",
-    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
-    "GIT_CONFIG_NOSYSTEM": "1",
-    "GIT_CONFIG_GLOBAL": os.devnull,
-}
-"""Fixed identity and no user/system config, so base commits and diffs are reproducible anywhere."""
+from vime.agent.coding.grading import OUTCOMES, TEST_ENV, GradeResult, task_test_files
+from vime.agent.sandbox.git import GIT_ENV
 
-TEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}
+__all__ = [  # GIT_ENV, OUTCOMES, TEST_ENV and GradeResult live in vime; re-exported here
+    "GIT_ENV", "OUTCOMES", "TEST_ENV", "TIMEOUT_RC", "GradeResult", "Runner", "copy_repo", "grade",
+    "grade_result", "init_git", "restore_test_files", "run_tests", "subprocess_runner",
+]
+
 TIMEOUT_RC = 124
 
 
@@ -79,23 +76,6 @@ def subprocess_runner(
         return TIMEOUT_RC, out, err + f"\ntimed out after {timeout}s: {shlex.join(argv)}"
 
 
-@dataclass(frozen=True)
-class GradeResult:
-    """`reward` in {0.0, 1.0}; `reason` says why in one line; `output` is the tail of the last command.
-
-    `outcome` is one of OUTCOMES, for callers that type their errors (a patch that does not apply
-    is a task failure, not an infra failure, and retrying it cannot help).
-    """
-
-    reward: float
-    reason: str
-    output: str = ""
-    outcome: str = "tests_failed"
-
-
-OUTCOMES = ("passed", "empty_diff", "patch_failed", "tests_failed", "timeout")
-
-
 def copy_repo(repo_dir: Path, dest: Path) -> Path:
     """A clean copy of `repo_dir` at `dest` (no caches, no VCS metadata)."""
     shutil.copytree(repo_dir, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".git"))
@@ -116,10 +96,10 @@ def init_git(repo: Path, *, run: Runner = subprocess_runner, timeout: float = 30
 
 def restore_test_files(original: Path, repo: Path) -> None:
     """Put the task's own `test*.py` files back, so a diff cannot pass by editing the tests."""
-    for src in original.rglob("test*.py"):
-        dest = repo / src.relative_to(original)
+    for rel, data in task_test_files(original).items():
+        dest = repo / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dest)
+        dest.write_bytes(data)
 
 
 def run_tests(repo: Path, test_command: str, *, timeout: float, run: Runner = subprocess_runner) -> tuple[int, str]:

@@ -1,8 +1,9 @@
 """Sandboxes for agent rollouts: the `Sandbox` protocol and its backends, chosen by name.
 
-`make_sandbox(args.sandbox_backend, repo_dir=...)` is how rollout code gets one; nothing else
-in vime names a backend class, so a new provider is one module plus one line in `BACKENDS`.
-See docs/sandbox-backends.md.
+`make_sandbox(args.sandbox_backend, repo_dir=...)` is how rollout code gets one, and
+`attach_sandbox(backend, sandbox_id, ...)` how a later activity gets a handle to one booted
+earlier; nothing else in vime names a backend class, so a new provider is one module plus one
+line in `BACKENDS`. See docs/sandbox-backends.md.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from vime.agent.sandbox.base import (
     ExecResult,
     Sandbox,
     SandboxError,
+    SandboxGone,
 )
 from vime.errors import ConfigError
 
@@ -29,7 +31,20 @@ BACKENDS: dict[str, str] = {
 
 
 def make_sandbox(backend: str, **kwargs: Any) -> Sandbox:
-    """A not-yet-entered sandbox of the named backend; `kwargs` go to its constructor."""
+    """A not-yet-booted sandbox of the named backend; `kwargs` go to its constructor."""
+    return _backend_class(backend)(**kwargs)
+
+
+async def attach_sandbox(backend: str, sandbox_id: str, **kwargs: Any) -> Sandbox:
+    """A handle to the running sandbox `sandbox_id`, booted earlier by this or another process.
+
+    `kwargs` are the ones the sandbox was made with (limits, `base_dir`, credentials). Raises
+    `SandboxGone` if it was destroyed, reaped or expired.
+    """
+    return await _backend_class(backend).attach(sandbox_id, **kwargs)
+
+
+def _backend_class(backend: str) -> type:
     try:
         target = BACKENDS[backend]
     except KeyError:
@@ -37,7 +52,7 @@ def make_sandbox(backend: str, **kwargs: Any) -> Sandbox:
             f"--sandbox-backend {backend!r}: unknown backend; choose one of {sorted(BACKENDS)}"
         ) from None
     module_name, _, cls_name = target.partition(":")
-    return getattr(importlib.import_module(module_name), cls_name)(**kwargs)
+    return getattr(importlib.import_module(module_name), cls_name)
 
 
 def __getattr__(name: str) -> Any:
@@ -58,5 +73,7 @@ __all__ = [
     "ExecResult",
     "Sandbox",
     "SandboxError",
+    "SandboxGone",
+    "attach_sandbox",
     "make_sandbox",
 ]

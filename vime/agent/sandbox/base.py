@@ -4,6 +4,12 @@ A rollout only ever sees `Sandbox`: boot it (`async with`), run commands, move f
 the context manager tear it down. Backends (bubblewrap here, E2B in the cloud, Docker / Modal /
 a VM elsewhere) differ in how they isolate, never in what the caller sees.
 
+A sandbox can also outlive the code that booted it, because a Temporal workflow spreads one
+agent session over several activities (maybe several worker processes): one `boot()`s it and
+records `sandbox_id`, later ones `attach()` to that id, the last one `destroy()`s it. A sandbox
+that no longer exists is `SandboxGone`, the workflow's cue to boot a fresh one and resume from
+its stored diff (`vime.agent.sandbox.git`).
+
 Errors are split by who is to blame, because rollouts treat them differently:
 
 - `SandboxError` is infrastructure (the sandbox could not start, died, or its provider is
@@ -46,6 +52,15 @@ class SandboxError(ServiceError):
     """The sandbox itself failed (could not start, died, provider unreachable): infra, not task."""
 
 
+class SandboxGone(SandboxError):
+    """The sandbox no longer exists (destroyed, reaped, expired): retrying cannot help, a fresh
+    one (restored from the session's stored diff) can. Infra, like every `SandboxError`."""
+
+    def __init__(self, sandbox_id: str, detail: str = "it was destroyed, reaped or expired"):
+        super().__init__(f"sandbox {sandbox_id} is gone: {detail}; boot a new one")
+        self.sandbox_id = sandbox_id
+
+
 class CommandError(VimeError):
     """A command ran in a healthy sandbox and did not succeed: task data, not infra."""
 
@@ -77,8 +92,13 @@ class Sandbox(Protocol):
     """An isolated machine-like place where an agent edits a repository and runs commands.
 
     Invariants every backend keeps:
-    - entering boots it with the task repository at `WORKDIR`; leaving (normally, on an
-      exception or on cancellation) destroys it and every process it started, always;
+    - `boot()` starts it with the task repository at `WORKDIR`; `destroy()` kills every process
+      it started and removes everything, is idempotent, and works from any handle;
+    - `async with` is `boot()` + `destroy()`: leaving the block (normally, on an exception or on
+      cancellation) destroys it, always;
+    - `attach(sandbox_id, **same constructor kwargs)` returns a handle to a running sandbox
+      booted by any process (of the host, for local backends); a handle behaves like the
+      original. An id that no longer exists raises `SandboxGone`;
     - `exec` runs `cmd` (a string goes to `bash -c`; a list is an argv) in `WORKDIR` (or `cwd`),
       with no network unless the backend was asked for it, and under the backend's limits;
     - a command's failure is returned (`rc != 0`) or raised as `CommandError`; only a broken
@@ -87,6 +107,13 @@ class Sandbox(Protocol):
     """
 
     sandbox_id: str
+
+    @classmethod
+    async def attach(cls, sandbox_id: str, **kwargs: object) -> Sandbox: ...
+
+    async def boot(self) -> Sandbox: ...
+
+    async def destroy(self) -> None: ...
 
     async def __aenter__(self) -> Sandbox: ...
 

@@ -17,6 +17,12 @@ Why the details matter:
   group reaps the whole tree, and a SIGKILLed worker leaves no process behind either.
 - `--json-status-fd` tells a sandbox that failed to start (infra: `SandboxError`) from a
   command that exited non-zero (task data: `rc`).
+
+Lifecycle across processes: the workdir's name `vime-sbx-<pid>-<hex>` holds the booting pid
+(its owner) and the `<hex>` of `sandbox_id` (`bwrap-<hex>`), so `attach` finds it from the id
+alone and `reap_stale_workdirs` knows whose it is. A sandbox has no state outside that
+directory, so a handle in any process of the host is as good as the original; `destroy` from
+any handle also SIGKILLs the bwraps other processes run over it (found by their argv in /proc).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import shutil
 import signal
 import stat
 import tempfile
+import time
 import uuid
 from pathlib import Path, PurePosixPath
 
@@ -39,10 +46,13 @@ from vime.agent.sandbox.base import (
     CommandTimeout,
     ExecResult,
     SandboxError,
+    SandboxGone,
+    _show,
 )
 from vime.errors import ConfigError
 
 _PREFIX = "vime-sbx-"
+_TOMBSTONE = ".gone"
 _PRIVATE_ROOT_ENTRIES = {"proc", "dev", "tmp", WORKDIR.strip("/")}
 _BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -57,7 +67,8 @@ class BwrapSandbox:
 
     `cpu_seconds` / `memory_bytes` / `max_processes` bound each command (per process CPU time,
     address space, tasks in the sandbox); `wall_timeout` is the default `exec` timeout.
-    `max_output_bytes` caps what is kept of each of stdout / stderr (the head).
+    `max_output_bytes` caps what is kept of each of stdout / stderr (the head). These apply per
+    handle: an attached handle's commands run under the kwargs it was attached with.
     """
 
     def __init__(
@@ -90,35 +101,74 @@ class BwrapSandbox:
     def workdir(self) -> Path:
         """The host directory mounted read-write at `/workspace`."""
         if self.root is None:
-            raise SandboxError(f"sandbox {self.sandbox_id} is not running: use `async with`")
+            raise SandboxError(f"sandbox {self.sandbox_id} is not running: boot() or attach() it")
         return self.root / "workspace"
 
-    async def __aenter__(self) -> BwrapSandbox:
-        self._bwrap = shutil.which("bwrap")
-        self._prlimit = shutil.which("prlimit")
-        if not self._bwrap or not self._prlimit:
-            raise SandboxError(
-                "bwrap sandbox needs `bwrap` and `prlimit` on PATH: apt-get install -y bubblewrap"
-            )
+    @classmethod
+    async def attach(cls, sandbox_id: str, **kwargs) -> BwrapSandbox:
+        """A handle to the running sandbox `sandbox_id`, booted by any process of this host;
+        `kwargs` as for the booter (same `base_dir`). `SandboxGone` if its workdir is gone."""
+        hex_id = _hex_of(sandbox_id)
+        sbx = cls(**kwargs)
+        sbx.sandbox_id = sandbox_id
+        sbx._find_tools()
+        base = Path(sbx.base_dir or tempfile.gettempdir())
+        roots = [p for p in base.glob(f"{_PREFIX}*-{hex_id}") if (p / "workspace").is_dir()]
+        if not roots:
+            raise SandboxGone(sandbox_id, f"no workdir {_PREFIX}<pid>-{hex_id} under {base}")
+        sbx.root = roots[0]
+        return sbx
+
+    async def boot(self) -> BwrapSandbox:
+        """Create the workdir (a copy of `repo_dir`); it lives until `destroy()` or a reap."""
+        self._find_tools()
+        if self.root is not None:
+            raise ConfigError(f"sandbox {self.sandbox_id} is already running; boot() it once")
         if self.repo_dir is not None and not self.repo_dir.is_dir():
             raise ConfigError(f"sandbox repo_dir {str(self.repo_dir)!r} is not a directory")
-        self.root = Path(tempfile.mkdtemp(prefix=f"{_PREFIX}{os.getpid()}-", dir=self.base_dir))
+        name = f"{_PREFIX}{os.getpid()}-{_hex_of(self.sandbox_id)}"
+        root = Path(self.base_dir or tempfile.gettempdir()) / name
+        try:
+            root.mkdir(mode=0o700)
+        except OSError as e:
+            raise SandboxError(f"sandbox {self.sandbox_id} could not start: {e}") from e
+        self.root = root
         try:
             await asyncio.to_thread(self._populate)
         except BaseException as e:
-            self._remove_root()
+            self.root = None
+            _rmtree(root)
             if isinstance(e, Exception):
                 raise SandboxError(f"sandbox {self.sandbox_id} could not start: {e}") from e
             raise
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def destroy(self) -> None:
+        """Kill every command running in this sandbox (from any handle) and remove the workdir.
+
+        Idempotent; a no-op on a sandbox that never started or is already gone. The workdir is
+        first renamed to a tombstone, so from that instant every handle's next (or running)
+        command sees `SandboxGone` rather than a half-removed sandbox.
+        """
+        root, self.root = self.root, None
+        if root is None:
+            return
+        tomb = root.with_name(root.name + _TOMBSTONE)
+        with contextlib.suppress(FileNotFoundError):
+            root.rename(tomb)
         try:
             for proc in list(self._procs):
                 await _kill(proc)
                 self._procs.discard(proc)
+            await asyncio.shield(asyncio.to_thread(_kill_bwraps_over, root / "workspace"))
         finally:
-            self._remove_root()
+            _rmtree(tomb)
+
+    async def __aenter__(self) -> BwrapSandbox:
+        return await self.boot()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.destroy()
 
     async def exec(
         self,
@@ -131,6 +181,7 @@ class BwrapSandbox:
         cwd: str | None = None,
     ) -> ExecResult:
         """Run `cmd` in a fresh bwrap over the workdir; see `Sandbox.exec`."""
+        self._check_alive()
         timeout = self.wall_timeout if timeout is None else timeout
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         status_r, status_w = os.pipe()
@@ -170,8 +221,8 @@ class BwrapSandbox:
             self._procs.discard(proc)
             status = _read_status(status_r)
         if "exit-code" not in status:
-            if self.root is None:
-                raise SandboxError(f"sandbox {self.sandbox_id} was closed while {cmd!r} ran")
+            if self.root is None or not self.root.exists():
+                raise SandboxGone(self.sandbox_id, f"destroyed while {_show(cmd)!r} ran")
             raise SandboxError(
                 f"sandbox {self.sandbox_id} failed to start the command (bwrap rc {proc.returncode}"
                 f"): {_text(err).strip()[-500:]}"
@@ -223,6 +274,19 @@ class BwrapSandbox:
 
     # -- internals -------------------------------------------------------------------------
 
+    def _find_tools(self) -> None:
+        self._bwrap = shutil.which("bwrap")
+        self._prlimit = shutil.which("prlimit")
+        if not self._bwrap or not self._prlimit:
+            raise SandboxError(
+                "bwrap sandbox needs `bwrap` and `prlimit` on PATH: apt-get install -y bubblewrap"
+            )
+
+    def _check_alive(self) -> None:
+        """SandboxGone if another handle destroyed it (or a reap removed it) since we looked."""
+        if not self.workdir.parent.is_dir():
+            raise SandboxGone(self.sandbox_id, f"its directory {self.root} no longer exists")
+
     def _bwrap_argv(self, argv: list[str], user: str | int | None, cwd: str | None, fd: int):
         args = [self._bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
         if self.network:
@@ -254,6 +318,7 @@ class BwrapSandbox:
 
     def _host_path(self, path: str) -> Path:
         """The host path of a sandbox path, refusing anything outside the workdir."""
+        self._check_alive()
         full = PurePosixPath(WORKDIR, path)
         if ".." in full.parts or not (full == PurePosixPath(WORKDIR) or full.is_relative_to(WORKDIR)):
             raise ConfigError(
@@ -273,10 +338,13 @@ class BwrapSandbox:
         self._own_tree(self.root)
 
     def _make_parents(self, path: Path) -> None:
-        missing = [p for p in [path, *path.parents] if not p.exists()]
-        path.mkdir(parents=True, exist_ok=True)
-        for p in missing:
-            self._own(p)
+        """Create `path` and its missing parents inside the workdir, never the workdir itself
+        (so a write racing a `destroy` fails instead of resurrecting the sandbox)."""
+        missing = [p for p in [path, *path.parents] if p.is_relative_to(self.workdir)]
+        for p in reversed(missing[:-1]):
+            if not p.exists():
+                p.mkdir(exist_ok=True)
+                self._own(p)
 
     def _own(self, path: Path) -> None:
         if self.run_as_uid is not None:
@@ -290,10 +358,46 @@ class BwrapSandbox:
             for name in dirnames + filenames:
                 self._own(Path(dirpath, name))
 
-    def _remove_root(self) -> None:
-        if self.root is not None:
-            _rmtree(self.root)
-            self.root = None
+
+
+def _hex_of(sandbox_id: str) -> str:
+    prefix, _, hex_id = sandbox_id.partition("-")
+    if prefix != "bwrap" or not hex_id or any(c not in "0123456789abcdef" for c in hex_id):
+        raise ConfigError(f"sandbox id {sandbox_id!r} is not a bwrap sandbox id (bwrap-<hex>)")
+    return hex_id
+
+
+def _kill_bwraps_over(workdir: Path, grace: float = 5.0) -> None:
+    """SIGKILL every bwrap binding `workdir` (any process's `exec`) until none is left.
+
+    Killing a bwrap takes its PID namespace, i.e. the whole command tree, with it. Scanning
+    again until a scan finds none catches a bwrap forked just after the previous scan, and
+    keeps a dying command from writing into the workdir while it is being removed.
+    """
+    target = str(workdir).encode()
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        pids = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if os.path.basename(argv[0]) == b"bwrap" and target in argv and _alive(int(entry)):
+                pids.append(int(entry))
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its parent to reap it."""
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    return False
 
 
 async def _kill(proc: asyncio.subprocess.Process) -> None:
@@ -324,9 +428,7 @@ def _read_status(fd: int) -> dict:
 
 
 def _skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i].isspace():
-        i += 1
-    return i
+    return len(text) - len(text[i:].lstrip())
 
 
 def _root_binds() -> list[str]:
@@ -359,11 +461,18 @@ def _text(buf: bytes | bytearray) -> str:
 
 
 def _rmtree(path: Path) -> None:
-    """Remove a workdir even where the sandboxed command made directories read-only."""
+    """Remove a workdir even where the sandboxed command made directories read-only.
 
-    def retry(func, p, _exc) -> None:
+    Idempotent (another handle may be removing it too), and it never chmods anything above
+    `path`: a failure on `path` itself must not touch its parent (`/tmp`).
+    """
+
+    def retry(func, p, exc_info) -> None:
+        if isinstance(exc_info[1], FileNotFoundError):
+            return
         with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(p), stat.S_IRWXU)
+            if os.fspath(p) != os.fspath(path):
+                os.chmod(os.path.dirname(p), stat.S_IRWXU)
             os.chmod(p, stat.S_IRWXU)
         with contextlib.suppress(FileNotFoundError):
             func(p)
@@ -372,12 +481,18 @@ def _rmtree(path: Path) -> None:
 
 
 def reap_stale_workdirs(base_dir: str | Path | None = None) -> list[Path]:
-    """Remove workdirs left by processes that no longer exist (a worker killed with SIGKILL
-    cannot clean up after itself); returns what it removed. Safe to call at worker start."""
+    """Destroy sandboxes whose booting process no longer exists (a worker killed with SIGKILL
+    cannot clean up after itself); returns the workdirs it removed. Safe at worker start.
+
+    The booter owns a sandbox: once it is dead and reaped, `attach` to that id raises
+    `SandboxGone`, and a workflow resumes the session in a fresh sandbox from its stored diff.
+    """
     removed = []
     for path in Path(base_dir or tempfile.gettempdir()).glob(f"{_PREFIX}*"):
-        pid = path.name[len(_PREFIX) :].split("-", 1)[0]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+        name = path.name.removesuffix(_TOMBSTONE)  # a tombstone: its destroyer died midway
+        pid = name[len(_PREFIX) :].split("-", 1)[0]
+        if name != path.name or (pid.isdigit() and not Path(f"/proc/{pid}").exists()):
+            _kill_bwraps_over(path.with_name(name) / "workspace")
             _rmtree(path)
             removed.append(path)
     return removed

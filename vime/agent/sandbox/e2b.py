@@ -4,8 +4,12 @@ The `e2b` SDK is imported when a sandbox is entered, not when vime is, so vime r
 Isolation and limits are the provider's (a Firecracker microVM per sandbox, sized by the
 template); this class maps the SDK's outcomes onto vime's error classes: a non-zero exit is
 `rc`, a command timeout is `CommandTimeout`, anything else from the SDK (auth, quota, the VM
-gone) is `SandboxError`, i.e. infra. The VM is killed on exit, always; `timeout` (the VM's own
-lifetime in seconds) bounds what a crashed worker can leak.
+gone) is `SandboxError`, i.e. infra. The VM is killed on exit, always; `lifetime` (the VM's own
+timeout in seconds) bounds what a crashed worker can leak.
+
+`attach` is the SDK's `AsyncSandbox.connect`: any process holding the API key can reach a
+sandbox by id, and each attach renews its lifetime. A VM that was killed or expired is
+`SandboxGone`, whether noticed on attach or on a later command.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from vime.agent.sandbox.base import (
     CommandTimeout,
     ExecResult,
     SandboxError,
+    SandboxGone,
 )
+from vime.errors import ConfigError
 
 
 def _sdk() -> Any:
@@ -61,7 +67,33 @@ class E2BSandbox:
         self._sbx: Any = None
         self.sandbox_id = "e2b-(not started)"
 
-    async def __aenter__(self) -> E2BSandbox:
+    @classmethod
+    async def attach(cls, sandbox_id: str, **kwargs: Any) -> E2BSandbox:
+        """A handle to the running VM `sandbox_id` (`e2b-<provider id>`), from any process.
+
+        `kwargs` are the constructor's (`repo_dir` is ignored). Raises `SandboxGone` if the
+        provider no longer knows the VM.
+        """
+        if not sandbox_id.startswith("e2b-"):
+            raise ConfigError(f"sandbox id {sandbox_id!r} is not an e2b sandbox id (e2b-<id>)")
+        sbx = cls(**kwargs)
+        sbx._e2b = sbx._sdk_override or _sdk()
+        opts: dict[str, Any] = {"timeout": sbx.lifetime}
+        if sbx.api_key:
+            opts["api_key"] = sbx.api_key
+        try:
+            sbx._sbx = await sbx._e2b.AsyncSandbox.connect(sandbox_id.removeprefix("e2b-"), **opts)
+        except sbx._e2b.NotFoundException as e:
+            raise SandboxGone(sandbox_id, f"the provider does not know it ({e})") from e
+        except Exception as e:
+            raise SandboxError(f"e2b sandbox {sandbox_id} could not be attached: {e}") from e
+        sbx.sandbox_id = sandbox_id
+        return sbx
+
+    async def boot(self) -> E2BSandbox:
+        """Create the VM and copy `repo_dir` in; it lives until `destroy()` or `lifetime`."""
+        if self._sbx is not None:
+            raise ConfigError(f"sandbox {self.sandbox_id} is already running; boot() it once")
         self._e2b = self._sdk_override or _sdk()
         opts: dict[str, Any] = {"template": self.template, "timeout": self.lifetime}
         opts["envs"] = self.env or None
@@ -79,17 +111,24 @@ class E2BSandbox:
             if self.repo_dir is not None:
                 await self.copy_in(self.repo_dir, WORKDIR)
         except BaseException:
-            await self.__aexit__(None, None, None)
+            await self.destroy()
             raise
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
+    async def destroy(self) -> None:
+        """Kill the VM (with every process in it). Idempotent; works from any handle."""
         sbx, self._sbx = self._sbx, None
         if sbx is not None:
             try:
                 await asyncio.shield(sbx.kill())
             except Exception:
                 pass  # its lifetime timeout reclaims it; a teardown must not mask the real error
+
+    async def __aenter__(self) -> E2BSandbox:
+        return await self.boot()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.destroy()
 
     async def exec(
         self,
@@ -115,6 +154,8 @@ class E2BSandbox:
             result = ExecResult(done.exit_code, done.stdout, done.stderr)
         except self._e2b.CommandExitException as e:
             result = ExecResult(e.exit_code, e.stdout, e.stderr)
+        except self._gone_errors() as e:
+            raise SandboxGone(self.sandbox_id, str(e)) from e
         except self._e2b.TimeoutException as e:
             raise CommandTimeout(cmd, timeout) from e
         except Exception as e:
@@ -157,13 +198,21 @@ class E2BSandbox:
 
     def _running(self) -> Any:
         if self._sbx is None:
-            raise SandboxError(f"sandbox {self.sandbox_id} is not running: use `async with`")
+            raise SandboxError(f"sandbox {self.sandbox_id} is not running: boot() or attach() it")
         return self._sbx
+
+    def _gone_errors(self) -> tuple[type[BaseException], ...]:
+        """The SDK's "this VM no longer exists" errors (checked before its TimeoutException,
+        which `SandboxNotRunningException` subclasses: a dead VM is not a slow command)."""
+        names = ("SandboxNotFoundException", "SandboxNotRunningException")
+        return tuple(getattr(self._e2b, n) for n in names if hasattr(self._e2b, n))
 
     async def _files_call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         sbx = self._running()
         try:
             return await getattr(sbx.files, method)(*args, **kwargs)
+        except self._gone_errors() as e:
+            raise SandboxGone(self.sandbox_id, str(e)) from e
         except Exception as e:
             raise SandboxError(f"sandbox {self.sandbox_id}: files.{method}{args[:1]} failed: {e}") from e
 
