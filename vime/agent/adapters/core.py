@@ -156,6 +156,26 @@ class AdapterCore:
     def has_session(self, session_id: str) -> bool:
         return session_id in self._sessions
 
+    def session_segments(self, session_id: str) -> list[Segment]:
+        """The open session's segments so far (live objects: read, do not modify); a caller
+        checkpoints them between turns to resume the session elsewhere (`restore_session`)."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise AdapterError("not_found", f"session {session_id!r} is not open")
+        return session.segments
+
+    def restore_session(self, session_id: str, segments: list[Segment],
+                        sampling_defaults: dict | None = None) -> None:
+        """Open `session_id` with the segments a crashed session had recorded, so its next turn
+        extends them exactly as if the session had never stopped (a turn whose rendering does
+        not extend any of them starts a new segment, as usual)."""
+        self.open_session(session_id, sampling_defaults)
+        session = self._sessions[session_id]
+        session.segments = list(segments)
+        session.texts = [self.decode(seg.token_ids) for seg in segments]
+        session.last = len(segments) - 1
+        session.turns = sum(len(seg.turns) for seg in segments)
+
     async def finish_session(self, session_id: str) -> list[Segment]:
         """Close the session (after its in-flight turn) and return its segments in start order."""
         session = self._sessions.get(session_id)
@@ -320,6 +340,8 @@ class AdapterCore:
             if not self._server_max_len_known:
                 self._server_max_len_known = True
                 engine = self._engine()
+                if not hasattr(engine, "_http"):  # not an HTTP engine (a scripted one): no server cap
+                    return self.max_context_tokens
                 try:
                     async with engine._http().get(engine.base_url + "/v1/models",
                                                   timeout=aiohttp.ClientTimeout(total=10)) as resp:
