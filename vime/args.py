@@ -27,15 +27,14 @@ import difflib
 import functools
 import importlib
 import json
-import os
 import sys
 import time
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, NoReturn
 
 
+from vime.args_resolve import resolve
 from vime.errors import ConfigError
 
 GROUPS = {
@@ -46,6 +45,7 @@ GROUPS = {
     "algorithm": "Advantages, clipping, KL and the loss.",
     "checkpoint": "Where checkpoints are saved and loaded.",
     "orchestration": "Temporal, task queues, the run directory and the sample store.",
+    "agent": "Agent rollouts (--rollout-workflow CodingAgentRolloutWorkflow): sandboxes, harness, limits.",
     "vLLM": (
         "Rollout servers. Every `vllm serve` flag also works as --vllm-<flag> "
         "(--vllm-max-model-len 4096, --vllm-enforce-eager, ...); only the ones you set are forwarded. "
@@ -70,7 +70,7 @@ def _flag(group: str, default: Any, help: str, **argparse_kwargs: Any) -> Any:
     return field(default=default, metadata=meta)
 
 
-_data, _rollout, _reward, _training, _algorithm, _checkpoint, _orchestration, _vllm, _router = (
+_data, _rollout, _reward, _training, _algorithm, _checkpoint, _orchestration, _agent, _vllm, _router = (
     functools.partial(_flag, group) for group in GROUPS
 )
 
@@ -101,6 +101,9 @@ class VimeArgs:
     num_epoch: int | None = _data(None, "Epochs over --prompt-data; ignored when --num-rollout is set.")
     data_source_path: str | None = _data(None, "Custom data source class (dotted path).")
     eval_prompt_data: list[str] | None = _data(None, "Eval sets as name path pairs: aime /data/aime.jsonl.")
+    sft_data: str | None = _data(
+        None, "`vime sft`: JSONL, one Sample.to_dict() per line; loss_mask marks the tokens to learn."
+    )
 
     # rollout
     hf_checkpoint: str | None = _rollout(None, "HF checkpoint: the policy's weights, config and tokenizer.")
@@ -154,6 +157,9 @@ class VimeArgs:
     max_tokens_per_gpu: int | None = _training(None, "Token budget of a packed micro-batch.")
     gradient_checkpointing: bool = _training(False, "Recompute activations in backward.")
     seed: int = _training(1234, "Trainer seed.")
+    sft_num_steps: int | None = _training(
+        None, "`vime sft`: optimizer steps (default: --num-epoch passes over --sft-data, 1 if unset)."
+    )
 
     # algorithm
     advantage_estimator: str = _algorithm("grpo", "Advantage estimator.", choices=ADVANTAGE_ESTIMATORS)
@@ -198,6 +204,21 @@ class VimeArgs:
         None, "vLLM servers to push weights to (default: the ones vime starts).", nargs="+"
     )
     store_url: str | None = _orchestration(None, "SQLAlchemy URL of the sample store (default: SQLite in run dir).")
+
+    rollout_workflow: str = _orchestration(
+        "RolloutWorkflow", "Workflow per prompt group, or CodingAgentRolloutWorkflow (one per agent rollout).",
+        choices=("RolloutWorkflow", "CodingAgentRolloutWorkflow"),
+    )
+
+    # agent
+    sandbox_backend: str = _agent("bwrap", "Sandbox backend: bwrap (local bubblewrap) or e2b.")
+    agent_harness: str = _agent("builtin", "Agent: the built-in coding agent or the Claude Code CLI.",
+                                choices=("builtin", "claude_code"))
+    agent_max_turns: int = _agent(16, "Model turns per agent session (subagents included).")
+    agent_max_tokens: int = _agent(512, "max_tokens of one agent turn.")
+    agent_compact_at_tokens: int | None = _agent(None, "Compact the conversation when a prompt exceeds this.")
+    agent_command_timeout: float = _agent(60.0, "Seconds a command the agent runs may take.")
+    agent_max_format_errors: int = _agent(0, "Replies without a tool call answered with a reminder, not an end.")
 
     # vLLM: vime's own --vllm-* flags, which take precedence over generated ones
     vllm_config: str | None = _vllm(None, "YAML: server groups, models and per-group overrides.")
@@ -498,7 +519,7 @@ def parse_args(argv: list[str] | None = None) -> VimeArgs:
     args.router_args = values.get("router_args", [])
     if "router_policy" in values:
         args.router_args = ["--policy", args.router_policy, *args.router_args]
-    _resolve(args)
+    resolve(args)
     args.argv = [*argv, "--run-id", args.run_id, "--run-dir", args.run_dir]
     return args
 
@@ -510,81 +531,3 @@ def parse_args_or_exit(argv: list[str] | None = None) -> VimeArgs:
     except ConfigError as exc:
         print(f"vime: error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-
-
-# ---------------------------------------------------------------- defaults and checks across flags
-
-_POSITIVE = (
-    "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size", "global_batch_size",
-    "micro_batch_size", "num_rollout", "num_epoch", "rollout_max_response_len", "rollout_max_prompt_len",
-    "max_tokens_per_gpu", "save_interval", "eval_interval", "vllm_num_servers",
-)
-_NON_NEGATIVE = ("max_staleness", "lr", "min_lr", "lr_warmup_iters", "weight_decay", "clip_grad", "eps_clip",
-                 "kl_coef", "kl_loss_coef", "entropy_coef")
-_HOOK_PATHS = ("rollout_function_path", "custom_generate_function_path", "dynamic_sampling_filter_path",
-               "buffer_filter_path", "eval_function_path", "custom_rm_path", "data_source_path")
-
-
-def _resolve(args: VimeArgs) -> None:
-    """Fill defaults that depend on other flags and reject combinations that cannot work."""
-    from vime.plugins import split_path
-
-    for name in _POSITIVE:
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
-    for name in _NON_NEGATIVE:
-        if getattr(args, name) < 0:
-            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    for name in _HOOK_PATHS:
-        if getattr(args, name) is not None:
-            split_path(getattr(args, name), "--" + name.replace("_", "-"))
-    if args.rollout_temperature <= 0:
-        raise ConfigError(
-            f"--rollout-temperature must be > 0, got {args.rollout_temperature} (0 is greedy decoding, not a policy)"
-        )
-    if not 0 < args.rollout_top_p <= 1:
-        raise ConfigError(f"--rollout-top-p must be in (0, 1], got {args.rollout_top_p}")
-    if args.vllm_router_port is not None and not 0 < args.vllm_router_port < 65536:
-        raise ConfigError(f"--vllm-router-port must be a TCP port (1-65535), got {args.vllm_router_port}")
-
-    if args.eps_clip_high is None:
-        args.eps_clip_high = args.eps_clip
-    if args.load is None:
-        args.load = args.save
-    if args.over_sampling_batch_size is None:
-        args.over_sampling_batch_size = args.rollout_batch_size
-    if args.rollout_batch_size is not None:
-        per_rollout = args.rollout_batch_size * args.n_samples_per_prompt
-        if args.global_batch_size is None:
-            args.global_batch_size = per_rollout
-        elif per_rollout % args.global_batch_size:
-            raise ConfigError(
-                f"--global-batch-size {args.global_batch_size} must divide --rollout-batch-size x "
-                f"--n-samples-per-prompt = {per_rollout}, so every rollout step is whole optimizer steps"
-            )
-    if args.save_interval is not None and args.save is None:
-        raise ConfigError("--save-interval needs --save (where to write checkpoints)")
-    if args.kl_coef and args.kl_loss_coef:
-        raise ConfigError("set only one of --kl-coef (reward penalty) and --kl-loss-coef (loss term)")
-    if args.advantage_estimator.startswith("reinforce_plus_plus") and not args.normalize_advantages:
-        raise ConfigError(f"--advantage-estimator {args.advantage_estimator} needs --normalize-advantages")
-    if args.eval_interval is not None and not args.eval_prompt_data:
-        raise ConfigError("--eval-interval needs --eval-prompt-data (name path pairs)")
-    if args.use_dynamic_batch_size and args.max_tokens_per_gpu is None:
-        raise ConfigError("--use-dynamic-batch-size needs --max-tokens-per-gpu")
-    if args.rm_type == "remote_rm" and not args.rm_url:
-        raise ConfigError("--rm-type remote_rm needs --rm-url")
-
-    if args.run_id is None:
-        args.run_id = Path(args.run_dir).name if args.run_dir else time.strftime("run-%Y%m%d-%H%M%S")
-    if args.run_dir is None:
-        args.run_dir = str(Path("runs") / args.run_id)
-    args.run_dir = os.path.abspath(args.run_dir)
-    if args.store_url is None:
-        args.store_url = f"sqlite:///{Path(args.run_dir) / 'vime.db'}"
-    if args.vllm_config is not None:
-        from vime.engine.vllm_config import read_vllm_config
-
-        args.vllm_config_data = read_vllm_config(args.vllm_config)
-

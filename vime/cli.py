@@ -16,6 +16,7 @@ USAGE = """usage: vime <command> [flags]
 commands:
   train        start or resume a training run (Temporal, vLLM and workers are started as needed)
   smoke        start the embedded Temporal + vLLM services and sample from the model once
+  sft          supervised warm start: learn the loss_mask tokens of --sft-data traces, save an HF model to --save
   tiny-model   build (or find in the cache) the tiny test model and print its directory
 
 `vime <command> --help` lists the flags, grouped (data, rollout, reward, training, ...,
@@ -37,6 +38,13 @@ def _train(argv: list[str]) -> int:
     return main(parse_args(argv))
 
 
+def _sft(argv: list[str]) -> int:
+    from vime.args import parse_args
+    from vime.train.sft import main
+
+    return main(parse_args(argv))
+
+
 def _tiny_model(argv: list[str]) -> int:
     from vime.testing.tiny_model import main
 
@@ -46,6 +54,7 @@ def _tiny_model(argv: list[str]) -> int:
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": _train,
     "smoke": _smoke,
+    "sft": _sft,
     "tiny-model": _tiny_model,
 }
 

@@ -21,7 +21,7 @@ import torch
 from torch.distributed.fsdp import fully_shard
 
 from vime.train import distributed as dist_utils
-from vime.train.advantages import advantages_for_samples
+from vime.train.advantages import Advantages, advantages_for_samples
 from vime.train.batching import TrainSample, group_rollouts, pack, plan_micro_batches, prepare_step, split_into_steps
 from vime.train.losses import LossConfig, compute_loss, entropy_from_logits, kl_divergence, token_logprobs
 from vime.types import Sample
@@ -154,9 +154,12 @@ class Trainer:
         if args.kl_coef > 0 and ref_lp:
             kl = [kl_divergence(old_lp.get(id(s), torch.tensor(s.rollout_log_probs)), ref_lp[id(s)], "k1")
                   if id(s) in ref_lp else torch.zeros(s.response_length) for s in flat]
-        adv = advantages_for_samples(flat, args.advantage_estimator, reward_key=args.reward_key, kl=kl,
-                                     kl_coef=args.kl_coef,
-                                     normalize_std=not getattr(args, "disable_grpo_std_normalization", False))
+        if self.loss_config.loss_type == "sft_loss":  # SFT traces carry no rewards; the loss ignores advantages
+            adv = Advantages([torch.zeros(s.response_length) for s in flat])
+        else:
+            adv = advantages_for_samples(flat, args.advantage_estimator, reward_key=args.reward_key, kl=kl,
+                                         kl_coef=args.kl_coef,
+                                         normalize_std=not getattr(args, "disable_grpo_std_normalization", False))
         by_id = {id(s): a for s, a in zip(flat, adv.per_token)}
         for items in shells:
             for item in items:

@@ -1,0 +1,94 @@
+"""Defaults that depend on other flags, and the checks across flags, run once by `parse_args`.
+
+Kept apart from `vime.args` (which declares and parses the flags) so each stays one job; every
+error names the flags involved and what would work.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from vime.errors import ConfigError
+
+
+_POSITIVE = (
+    "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size", "global_batch_size",
+    "micro_batch_size", "num_rollout", "num_epoch", "rollout_max_response_len", "rollout_max_prompt_len",
+    "max_tokens_per_gpu", "save_interval", "eval_interval", "vllm_num_servers", "sft_num_steps",
+)
+_NON_NEGATIVE = ("max_staleness", "lr", "min_lr", "lr_warmup_iters", "weight_decay", "clip_grad", "eps_clip",
+                 "kl_coef", "kl_loss_coef", "entropy_coef")
+_HOOK_PATHS = ("rollout_function_path", "custom_generate_function_path", "dynamic_sampling_filter_path",
+               "buffer_filter_path", "eval_function_path", "custom_rm_path", "data_source_path")
+
+
+def resolve(args: Any) -> None:
+    """Fill defaults that depend on other flags and reject combinations that cannot work."""
+    from vime.plugins import split_path
+
+    for name in _POSITIVE:
+        value = getattr(args, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    for name in _NON_NEGATIVE:
+        if getattr(args, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    for name in _HOOK_PATHS:
+        if getattr(args, name) is not None:
+            split_path(getattr(args, name), "--" + name.replace("_", "-"))
+    if args.rollout_temperature <= 0:
+        raise ConfigError(
+            f"--rollout-temperature must be > 0, got {args.rollout_temperature} (0 is greedy decoding, not a policy)"
+        )
+    if not 0 < args.rollout_top_p <= 1:
+        raise ConfigError(f"--rollout-top-p must be in (0, 1], got {args.rollout_top_p}")
+    if args.vllm_router_port is not None and not 0 < args.vllm_router_port < 65536:
+        raise ConfigError(f"--vllm-router-port must be a TCP port (1-65535), got {args.vllm_router_port}")
+
+    if args.eps_clip_high is None:
+        args.eps_clip_high = args.eps_clip
+    if args.load is None:
+        args.load = args.save
+    if args.over_sampling_batch_size is None:
+        args.over_sampling_batch_size = args.rollout_batch_size
+    if args.rollout_batch_size is not None:
+        per_rollout = args.rollout_batch_size * args.n_samples_per_prompt
+        if args.global_batch_size is None:
+            args.global_batch_size = per_rollout
+        elif per_rollout % args.global_batch_size:
+            raise ConfigError(
+                f"--global-batch-size {args.global_batch_size} must divide --rollout-batch-size x "
+                f"--n-samples-per-prompt = {per_rollout}, so every rollout step is whole optimizer steps"
+            )
+    if args.save_interval is not None and args.save is None:
+        raise ConfigError("--save-interval needs --save (where to write checkpoints)")
+    if args.kl_coef and args.kl_loss_coef:
+        raise ConfigError("set only one of --kl-coef (reward penalty) and --kl-loss-coef (loss term)")
+    if args.advantage_estimator.startswith("reinforce_plus_plus") and not args.normalize_advantages:
+        raise ConfigError(f"--advantage-estimator {args.advantage_estimator} needs --normalize-advantages")
+    if args.eval_interval is not None and not args.eval_prompt_data:
+        raise ConfigError("--eval-interval needs --eval-prompt-data (name path pairs)")
+    if args.use_dynamic_batch_size and args.max_tokens_per_gpu is None:
+        raise ConfigError("--use-dynamic-batch-size needs --max-tokens-per-gpu")
+    if args.agent_max_turns <= 0 or args.agent_max_tokens <= 0 or args.agent_max_format_errors < 0:
+        raise ConfigError("--agent-max-turns and --agent-max-tokens must be positive, --agent-max-format-errors >= 0")
+    if args.sandbox_backend not in ("bwrap", "e2b"):
+        raise ConfigError(f"--sandbox-backend {args.sandbox_backend!r}: choose bwrap or e2b")
+    if args.rm_type == "remote_rm" and not args.rm_url:
+        raise ConfigError("--rm-type remote_rm needs --rm-url")
+
+    if args.run_id is None:
+        args.run_id = Path(args.run_dir).name if args.run_dir else time.strftime("run-%Y%m%d-%H%M%S")
+    if args.run_dir is None:
+        args.run_dir = str(Path("runs") / args.run_id)
+    args.run_dir = os.path.abspath(args.run_dir)
+    if args.store_url is None:
+        args.store_url = f"sqlite:///{Path(args.run_dir) / 'vime.db'}"
+    if args.vllm_config is not None:
+        from vime.engine.vllm_config import read_vllm_config
+
+        args.vllm_config_data = read_vllm_config(args.vllm_config)
+
