@@ -102,7 +102,8 @@ def training_config(args, urls: Engines) -> TrainingConfig:
         save=str(Path(args.save).resolve()) if args.save else None, save_interval=args.save_interval,
         trainer_heartbeat_seconds=args.heartbeat_timeout, rollout_heartbeat_seconds=args.heartbeat_timeout,
         custom_rollout_function=args.rollout_function_path != DEFAULT_ROLLOUT_FUNCTION,
-        rollout_task_queue=args.rollout_task_queue,
+        rollout_task_queue=args.rollout_task_queue, rollout_workflow=args.rollout_workflow,
+        n_samples_per_prompt=args.n_samples_per_prompt, sandbox_task_queue=args.sandbox_task_queue,
     )
 
 

@@ -1,4 +1,6 @@
-"""Worker for the rollout queue: the workflows (training, rollout) and the generate activity.
+"""Worker for the rollout queue: the workflows (training, rollout, agent rollout) and the generate
+activity; with `--rollout-workflow CodingAgentRolloutWorkflow` also the agent session activities
+and, in the same process, a worker for the sandbox queue (its sandboxes are destroyed when it stops).
 
     python -m workers.rollout <vime flags> --temporal-address HOST:PORT
 """
@@ -10,12 +12,16 @@ import sys
 
 from temporalio.worker import Worker
 
+from activities.coding_agent import CodingAgentActivities
 from activities.rollout import RolloutActivities
+from activities.sandbox import SandboxActivities
+from vime.agent.sandbox.bwrap import reap_stale_workdirs
 from vime.args import parse_args_or_exit
 from vime.rollout.generate import close_engine_clients
 from vime.rollout.tokenization import get_tokenizer
 from vime.store import SampleStore
 from workers.common import connect_from_args, run_until_signalled, setup_logging
+from workflows.coding_agent import CodingAgentRolloutWorkflow
 from workflows.rollout import RolloutWorkflow
 from workflows.training import TrainingWorkflow
 
@@ -26,12 +32,26 @@ async def serve(args) -> None:
         get_tokenizer(args.hf_checkpoint)
     with SampleStore.open(args.store_url) as store:
         acts = RolloutActivities(args, store)
-        worker = Worker(client, task_queue=args.rollout_task_queue,
-                        workflows=[TrainingWorkflow, RolloutWorkflow], activities=[acts.generate_group, acts.generate_rollout_step],
-                        max_concurrent_activities=256)
+        activities = [acts.generate_group, acts.generate_rollout_step]
+        agent = sandboxes = None
+        workers = []
+        if args.rollout_workflow == "CodingAgentRolloutWorkflow":  # agent sessions + the sandbox queue
+            agent, sandboxes = CodingAgentActivities(args, store), SandboxActivities(args, store)
+            activities += agent.all()
+            if args.sandbox_backend == "bwrap":  # workdirs of workers killed with SIGKILL
+                reap_stale_workdirs()
+            workers.append(Worker(client, task_queue=args.sandbox_task_queue, activities=sandboxes.all(),
+                                  max_concurrent_activities=64))
+        workers.insert(0, Worker(client, task_queue=args.rollout_task_queue,
+                                 workflows=[TrainingWorkflow, RolloutWorkflow, CodingAgentRolloutWorkflow],
+                                 activities=activities, max_concurrent_activities=256))
         try:
-            await run_until_signalled([worker])
+            await run_until_signalled(workers)
         finally:
+            if sandboxes is not None:
+                await sandboxes.destroy_booted()
+            if agent is not None:
+                await agent.close()
             await close_engine_clients()
 
 

@@ -31,6 +31,8 @@ with workflow.unsafe.imports_passed_through():
     from vime.types import RolloutRef
     from workflows.rollout import (ROLLOUT_STEP, RolloutInput, RolloutOutput, RolloutStepInput,
                                    RolloutStepOutput, RolloutWorkflow, rollout_workflow_id)
+    from workflows.coding_agent import (AgentRolloutInput, CodingAgentRolloutWorkflow,
+                                        agent_workflow_id)
 
 
 @dataclass
@@ -85,6 +87,9 @@ class TrainingConfig:
     max_filter_rounds: int = 16
     custom_rollout_function: bool = False  # --rollout-function-path replaces per-group workflows
     rollout_task_queue: str = "vime-rollout"
+    rollout_workflow: str = "RolloutWorkflow"  # or "CodingAgentRolloutWorkflow": one workflow per rollout
+    n_samples_per_prompt: int = 1
+    sandbox_task_queue: str = "vime-sandbox"
 
 
 @dataclass
@@ -203,6 +208,8 @@ class TrainingWorkflow:
 
     async def _rollout(self, step: int, position: int, weight_version: int) -> RolloutOutput:
         cfg = self.cfg
+        if cfg.rollout_workflow == "CodingAgentRolloutWorkflow":
+            return await self._agent_group(step, position, weight_version)
         try:
             return await workflow.execute_child_workflow(
                 RolloutWorkflow.run,
@@ -213,6 +220,31 @@ class TrainingWorkflow:
         except ChildWorkflowError as e:  # permanent failure of one group: leave it out, keep training
             workflow.logger.error("rollout %s failed: %s", position, e.cause)
             return RolloutOutput(position, keep=False, filter_reason=f"failed: {e.cause}", status="failed")
+
+    async def _agent_group(self, step: int, position: int, weight_version: int) -> RolloutOutput:
+        """A prompt group of agent rollouts: one CodingAgentRolloutWorkflow per sample. Infra
+        failures stay in the group (kept out of advantage statistics by the trainer)."""
+        cfg = self.cfg
+
+        async def one(i: int) -> RolloutRef | None:
+            try:
+                out = await workflow.execute_child_workflow(
+                    CodingAgentRolloutWorkflow.run,
+                    AgentRolloutInput(cfg.run_id, step, position, i, weight_version,
+                                      heartbeat_seconds=cfg.rollout_heartbeat_seconds,
+                                      sandbox_task_queue=cfg.sandbox_task_queue),
+                    id=agent_workflow_id(cfg.run_id, position, i))
+                return out.rollout
+            except ChildWorkflowError as e:
+                workflow.logger.error("agent rollout %s-%s failed: %s", position, i, e.cause)
+                return None
+
+        refs = [r for r in await asyncio.gather(*(one(i) for i in range(cfg.n_samples_per_prompt))) if r]
+        rewards = [s.reward for r in refs if not r.infra_failure for s in r.samples[-1:] if s.reward is not None]
+        trainable = [r for r in refs if r.samples]
+        return RolloutOutput(position, trainable, keep=bool(trainable) and bool(rewards),
+                             reward_mean=sum(rewards) / len(rewards) if rewards else None,
+                             status="completed" if rewards else "failed")
 
     # ---- trainer -----------------------------------------------------------------------------
 

@@ -1,0 +1,154 @@
+"""Rollout-queue activities of CodingAgentRolloutWorkflow: resolve the task, run the agent
+session, store the rollout's samples.
+
+The session is the long one. It heartbeats (in the background and after every step), and after
+every agent step it stores a checkpoint (`TrajectoryRecorder`: the step's tokens, the agent's
+state, the workspace diff). A retried session — its worker was killed, the engine dropped a
+connection — loads the checkpoints, puts the sandbox back to the stored diff, reopens the
+adapter sessions with their segments and continues the agent after its last stored step.
+
+Storing is separate and idempotent: it rebuilds the segments from the stored steps, fans them
+out (`vime.agent.fanout`) with the graded reward and writes the rollout once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from temporalio import activity
+
+from activities.heartbeat import heartbeating
+from activities.sandbox import attach
+from vime.agent.adapters import AnthropicAdapter
+from vime.agent.fanout import trajectory_to_samples
+from vime.agent.recorder import TrajectoryRecorder
+from vime.agent.sandbox.git import capture_diff, restore_diff
+from vime.errors import ConfigError
+from vime.log import get_logger
+from vime.rollout.data_source import make_data_source
+from vime.rollout.generate import router_url
+from vime.rollout.tokenization import get_tokenizer
+from vime.store import SampleStore
+from vime.types import RolloutRef, Sample
+from workflows.coding_agent import (AgentRolloutInput, AgentRolloutOutput, AgentTask, SessionInput,
+                                    SessionOutput, StoreInput)
+
+log = get_logger(__name__)
+
+
+def _prompt_text(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):  # chat messages: the user's words are the task
+        return "\n\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict) and m.get("role") == "user")
+    raise ConfigError(f"coding task prompt must be text or chat messages, got {type(prompt).__name__}")
+
+
+def task_from_sample(sample: Sample, data_dir: Path) -> AgentTask:
+    """A coding task from a prompt record: `metadata` names the repository (`repo`, relative to
+    the prompt file) and the `test_command`; `task_id` (or the label) names the task."""
+    meta = sample.metadata or {}
+    missing = [k for k in ("repo", "test_command") if not meta.get(k)]
+    if missing:
+        raise ConfigError(f"prompt {sample.group_index} of --prompt-data: metadata lacks {missing}; a coding task "
+                          "needs metadata.repo (the task repository) and metadata.test_command")
+    repo = Path(meta["repo"])
+    repo = repo if repo.is_absolute() else data_dir / repo
+    if not repo.is_dir():
+        raise ConfigError(f"prompt {sample.group_index} of --prompt-data: task repository {str(repo)!r} does not exist")
+    return AgentTask(str(sample.index), sample.group_index, sample.index, _prompt_text(sample.prompt), str(repo),
+                     meta["test_command"], str(meta.get("task_id") or sample.label or ""))
+
+
+def _failure_class(inp: StoreInput) -> str:
+    if inp.infra_failure:
+        return inp.outcome or "infra:unknown"
+    return f"task:{inp.outcome}" if inp.outcome in ("patch_failed", "timeout") else "none"
+
+
+class CodingAgentActivities:
+    def __init__(self, args: Any, store: SampleStore) -> None:
+        self.args = args
+        self.store = store
+        self.data_source = make_data_source(args)
+        self._adapter: AnthropicAdapter | None = None
+        self._adapter_lock = asyncio.Lock()
+
+    # ---- the task --------------------------------------------------------------------------
+
+    @activity.defn(name="agent_task")
+    async def agent_task(self, inp: AgentRolloutInput) -> AgentTask:
+        group = self.data_source.prompt_group(inp.position)
+        if not 0 <= inp.index < len(group):
+            raise ConfigError(f"sample {inp.index} of prompt group {inp.position}: the group has {len(group)}")
+        return task_from_sample(group[inp.index], Path(self.args.prompt_data or ".").resolve().parent)
+
+    # ---- the session -----------------------------------------------------------------------
+
+    async def adapter(self) -> AnthropicAdapter:
+        """One adapter per worker process, serving every session on a local port."""
+        async with self._adapter_lock:
+            if self._adapter is None:
+                tokenizer = get_tokenizer(self.args.hf_checkpoint)
+                self._adapter = AnthropicAdapter(tokenizer, router_url(self.args))
+                await self._adapter.start()
+        return self._adapter
+
+    async def close(self) -> None:
+        if self._adapter is not None:
+            await self._adapter.stop()
+            self._adapter = None
+
+    @activity.defn(name="agent_session")
+    async def agent_session(self, inp: SessionInput) -> SessionOutput:
+        from vime.agent.coding.session import run_session  # the harnesses import the anthropic SDK
+
+        sbx = await attach(self.args, inp.sandbox_id)
+        recorder = TrajectoryRecorder(self.store, inp.run_id, inp.task.rollout_id)
+        restored = recorder.load()
+        if restored.next_turn:
+            await restore_diff(sbx, restored.diff)
+            log.info("agent.session.resume", rollout_id=inp.task.rollout_id, after_turn=restored.next_turn - 1,
+                     attempt=activity.info().attempt)
+        adapter = await self.adapter()
+
+        async def checkpoint(chains, agent_state: dict) -> None:
+            info = activity.info()
+            turn = recorder.save(chains, agent_state, await capture_diff(sbx),
+                                 attempt=f"{info.activity_id}#{info.attempt}")
+            activity.heartbeat(turn)
+
+        async with heartbeating():
+            return await run_session(self.args, adapter, sbx, inp.run_id, inp.task, restored, checkpoint,
+                                     attempt=activity.info().attempt)
+
+    # ---- storing ---------------------------------------------------------------------------
+
+    @activity.defn(name="store_agent_rollout")
+    async def store_agent_rollout(self, inp: StoreInput) -> AgentRolloutOutput:
+        task = inp.task
+        chains = TrajectoryRecorder(self.store, inp.run_id, task.rollout_id).load().chains
+        base = self.data_source.prompt_group(task.group_index)[task.index - task.group_index * self.args.n_samples_per_prompt]
+        base.metadata = {**(base.metadata or {}), "weight_version": inp.weight_version, "task_id": task.task_id,
+                         "diff": inp.diff, "diff_id": inp.diff_id, "grade": {"outcome": inp.outcome, "reason": inp.reason}}
+        if inp.infra_failure:
+            base.metadata["infra_failure"] = inp.infra_failure
+        tokenizer = get_tokenizer(self.args.hf_checkpoint)
+        samples = trajectory_to_samples(chains, rollout_id=task.rollout_id,
+                                        reward=None if inp.infra_failure else inp.reward, base=base, tokenizer=tokenizer)
+        if inp.infra_failure:
+            for s in samples:
+                s.status = Sample.Status.FAILED
+        refs = self.store.write_rollout(inp.run_id, task.rollout_id, samples) if samples else []
+        status = "failed" if inp.infra_failure else "completed"
+        ref = RolloutRef(inp.run_id, task.rollout_id, refs, inp.weight_version,
+                         inp.infra_failure or (None if samples else "the agent sampled nothing"))
+        log.info("agent.rollout.stored", rollout_id=task.rollout_id, samples=len(refs), reward=inp.reward,
+                 outcome=inp.outcome, infra_failure=inp.infra_failure)
+        return AgentRolloutOutput(ref, None if inp.infra_failure else inp.reward, status, _failure_class(inp),
+                                  inp.outcome, inp.diff_id)
+
+    def all(self) -> list:
+        return [self.agent_task, self.agent_session, self.store_agent_rollout]

@@ -1,0 +1,236 @@
+"""CodingAgentRolloutWorkflow against the real parts: a rollout worker process (agent sessions and
+the sandbox queue), bubblewrap sandboxes, the vLLM CPU server on the tiny model, Temporal.
+
+The tiny model is random, so it never calls a tool well; the agent re-prompts it after each
+reply without a tool call (`--agent-max-format-errors`), which gives sessions of several turns
+to kill, cancel and interrupt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from temporalio.client import WorkflowFailureError
+
+from examples.coding_agent_rl.gold_edits import write_prompts
+from examples.coding_agent_rl.tasks.prepare import load_tasks
+from vime.agent.coding.claude_code import claude_code_available
+from tests.conftest import engine_flags
+from vime.store import SampleStore
+from vime.temporal.search_attributes import ROLLOUT_STATUS
+from workflows.coding_agent import AgentRolloutInput, AgentRolloutOutput, agent_workflow_id
+
+pytestmark = pytest.mark.vllm
+
+REPO = Path(__file__).resolve().parent.parent
+TURNS = 16
+
+
+class Worker:
+    """`python -m workers.rollout` for one test's run and queues, as a child process."""
+
+    def __init__(self, tmp_path: Path, server, model: Path, address: str, sandbox_base: Path) -> None:
+        self.run_dir, self.base = tmp_path / "run", sandbox_base
+        self.run_id = "run"
+        self.queue = f"q-{uuid.uuid4().hex[:8]}"
+        prompts = write_prompts(load_tasks()[:2], tmp_path / "prompts.jsonl")
+        self.argv = [
+            sys.executable, "-m", "workers.rollout", "--hf-checkpoint", str(model), "--prompt-data", str(prompts),
+            "--input-key", "prompt", "--label-key", "label", "--rollout-workflow", "CodingAgentRolloutWorkflow",
+            "--agent-max-turns", str(TURNS), "--agent-max-format-errors", str(TURNS), "--agent-max-tokens", "64",
+            "--rollout-temperature", "1.0", "--run-dir", str(self.run_dir), "--run-id", self.run_id,
+            "--temporal-address", address, "--rollout-task-queue", self.queue,
+            "--sandbox-task-queue", self.queue + "-sbx", "--heartbeat-timeout", "5", *engine_flags(server),
+        ]
+        self.env = {**os.environ, "TMPDIR": str(sandbox_base), "VIME_LOG_LEVEL": "INFO", "VIME_LOG_FORMAT": "json"}
+        self.log = tmp_path / "worker.log"
+        self.proc: subprocess.Popen | None = None
+        with SampleStore.open(self.run_dir) as store:
+            store.ensure_run(self.run_id)
+
+    def start(self) -> Worker:
+        with open(self.log, "a") as log:
+            self.proc = subprocess.Popen(self.argv, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return 0
+        proc.send_signal(sig)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+    def inp(self, position: int = 0, index: int = 0) -> AgentRolloutInput:
+        return AgentRolloutInput(self.run_id, 0, position, index, 0, heartbeat_seconds=5,
+                                 sandbox_task_queue=self.queue + "-sbx")
+
+    def store(self) -> SampleStore:
+        return SampleStore.open(self.run_dir)
+
+    def turns(self, rollout_id: str) -> list:
+        with self.store() as store:
+            return store.read_turns(self.run_id, rollout_id)
+
+    def leftovers(self) -> list[str]:
+        """Sandbox workdirs and bubblewrap processes of this test still around."""
+        dirs = [p.name for p in self.base.glob("vime-sbx-*")]
+        procs = subprocess.run(["pgrep", "-f", f"bwrap.*{self.base}"], capture_output=True, text=True).stdout.split()
+        return dirs + [f"pid {p}" for p in procs]
+
+
+@pytest.fixture
+def worker(tmp_path, vllm_server, tiny_model_dir, temporal_env):
+    # the worker's sandboxes live here (its TMPDIR): readable by the sandbox user, unlike tmp_path
+    base = Path(tempfile.mkdtemp(prefix="vime-test-sbx-"))
+    base.chmod(0o755)
+    w = Worker(tmp_path, vllm_server, tiny_model_dir, temporal_env.client.service_client.config.target_host, base)
+    yield w
+    w.stop()
+    shutil.rmtree(base, ignore_errors=True)
+
+
+async def _start(client, worker: Worker, position: int = 0):
+    return await client.start_workflow(
+        "CodingAgentRolloutWorkflow", worker.inp(position), id=agent_workflow_id(worker.run_id, position, 0),
+        task_queue=worker.queue, result_type=AgentRolloutOutput)
+
+
+async def _wait(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+async def test_a_rollout_boots_runs_grades_stores_and_leaves_no_sandbox(worker, temporal_env):
+    client = temporal_env.client
+    worker.start()
+    handle = await _start(client, worker)
+    out = await asyncio.wait_for(handle.result(), 240)
+
+    assert out.status == "completed" and out.failure_class == "none"
+    assert out.reward == 0.0 and out.outcome in ("empty_diff", "tests_failed", "patch_failed")
+    assert out.phases[:3] == ["task", "boot", "session"] and "grade" in out.phases and "teardown" in out.phases
+    assert out.turns == TURNS
+    with worker.store() as store:
+        samples = store.read_rollout(worker.run_id, out.rollout.rollout_id)
+    assert len(samples) == len(out.rollout.samples) >= 1
+    assert {s.rollout_id for s in samples} == {out.rollout.rollout_id}
+    assert samples[-1].metadata["segment_kind"] == "final" and samples[-1].reward == 0.0
+    assert sum(len(s.metadata["turns"]) for s in samples) == TURNS
+
+    desc = await handle.describe()
+    memo = await desc.memo()
+    assert memo["trajectory_id"] == f"{worker.run_id}/{out.rollout.rollout_id}"
+    assert memo["diff_id"].startswith("sha256:")
+    for _ in range(50):
+        found = [w.id async for w in client.list_workflows(f"VimeRunId='{worker.run_id}' AND RolloutStatus='completed'")]
+        if found:
+            break
+        await asyncio.sleep(0.2)
+    assert found == [handle.id]
+    assert worker.leftovers() == []
+
+
+async def test_kill_9_mid_session_resumes_after_the_last_stored_turn(worker, temporal_env):
+    worker.start()
+    handle = await _start(temporal_env.client, worker)
+    rollout_id = "0"
+    await _wait(lambda: len(worker.turns(rollout_id)) >= 2, 180, "two stored turns")
+    worker.proc.kill()  # SIGKILL: no cleanup of any kind
+    worker.proc.wait()
+    killed_at = len(worker.turns(rollout_id))
+    assert killed_at < TURNS
+
+    worker.start()
+    out = await asyncio.wait_for(handle.result(), 240)
+    turns = worker.turns(rollout_id)
+    attempts = [t.meta["attempt"] for t in turns]
+    assert [t.turn for t in turns] == list(range(len(turns)))  # no gap, no turn stored twice
+    first = attempts[0]  # the session attempt that was killed stored the first turns; another one the rest
+    assert attempts[:killed_at] == [first] * killed_at and first not in attempts[killed_at:]
+    assert len(turns) == out.turns == TURNS  # resumed after the last stored turn, not started over
+    with worker.store() as store:
+        assert store.count_samples(worker.run_id) == len(out.rollout.samples)  # exactly one set
+        samples = store.read_rollout(worker.run_id, rollout_id)
+    assert sum(len(s.metadata["turns"]) for s in samples) == TURNS
+    await _wait(lambda: worker.leftovers() == [], 30, "no sandbox left")
+
+
+async def test_cancelling_the_workflow_tears_the_sandbox_down(worker, temporal_env):
+    worker.start()
+    handle = await _start(temporal_env.client, worker)
+    await _wait(lambda: len(worker.turns("0")) >= 1, 180, "a stored turn")
+    assert worker.leftovers()  # the sandbox is up
+    await handle.cancel()
+    with pytest.raises(WorkflowFailureError):
+        await asyncio.wait_for(handle.result(), 120)
+    await _wait(lambda: worker.leftovers() == [], 30, "the sandbox torn down")
+    desc = await handle.describe()
+    assert desc.typed_search_attributes.get(ROLLOUT_STATUS) == "cancelled"
+
+
+async def test_ctrl_c_of_the_worker_leaves_no_sandbox_and_the_rollout_finishes_later(worker, temporal_env):
+    worker.start()
+    handle = await _start(temporal_env.client, worker)
+    await _wait(lambda: len(worker.turns("0")) >= 1, 180, "a stored turn")
+    assert worker.leftovers()
+    assert worker.stop(signal.SIGINT) == 0
+    assert worker.leftovers() == []
+
+    worker.start()  # the workflow boots a new sandbox and the session resumes into it
+    out = await asyncio.wait_for(handle.result(), 240)
+    assert out.status == "completed" and out.turns == TURNS
+    assert out.phases.count("boot") >= 2
+    await _wait(lambda: worker.leftovers() == [], 30, "no sandbox left")
+
+
+@pytest.mark.skipif(not claude_code_available(), reason="the Claude Code CLI is not installed (scripts/setup.sh)")
+async def test_a_claude_code_rollout_runs_the_cli_in_the_sandbox_and_stores_its_session(
+        tmp_path, long_context_server, tiny_model_dir, temporal_env, tokenizer_ends):
+    base = Path(tempfile.mkdtemp(prefix="vime-test-sbx-"))
+    base.chmod(0o755)
+    w = Worker(tmp_path, long_context_server, tiny_model_dir, temporal_env.client.service_client.config.target_host,
+               base)
+    w.argv += ["--agent-harness", "claude_code", "--agent-max-tokens", "32", "--rollout-seed", "0",
+               "--rollout-stop-token-ids", *map(str, tokenizer_ends)]
+    try:
+        w.start()
+        handle = await _start(temporal_env.client, w)
+        out = await asyncio.wait_for(handle.result(), 300)
+        assert out.status == "completed" and out.failure_class == "none" and out.turns >= 1
+        with w.store() as store:
+            samples = store.read_rollout(w.run_id, out.rollout.rollout_id)
+        assert samples and samples[-1].metadata["chain"] == "main"
+        assert sum(len(s.metadata["turns"]) for s in samples) == out.turns
+        assert w.leftovers() == []
+    finally:
+        w.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def tokenizer_ends(tiny_model_dir) -> list[int]:
+    """End-of-text and every word-boundary token: Claude Code's turns then end by themselves
+    (a turn cut at max_tokens makes the CLI ask to resume; see tests/test_agent_clis.py)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ends = sorted(i for piece, i in tokenizer.get_vocab().items() if "\u0120" in piece or "\u010a" in piece)
+    return [tokenizer.eos_token_id, *ends]

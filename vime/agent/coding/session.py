@@ -1,0 +1,96 @@
+"""One agent session of a coding rollout, resumable: the body of the `agent_session` activity.
+
+The harness (`--agent-harness`) talks to the worker's adapter; every chain of the run is an
+adapter session named `<run>/<rollout>@<attempt>/<chain>`, fresh per attempt, so a retry in the
+same process never collides with the sessions of the attempt it replaces.
+
+- builtin (`CodingAgent`): after every step `checkpoint(chains, agent_state)` stores the step;
+  a retry gets the stored steps back (`restored`): the agent continues from its stored state and
+  each chain's adapter session is reopened with its stored segments, so the next turn extends
+  them as if nothing had happened.
+- claude_code (the CLI in the sandbox): the CLI keeps its conversation to itself, so the session
+  is stored once, when the CLI exits; a retry of an unfinished session starts it over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from vime.agent.adapters.core import Segment
+from vime.agent.coding.agent import AgentConfig, AgentState, CodingAgent
+from vime.agent.recorder import Restored
+from vime.agent.sandbox.base import Sandbox
+from workflows.coding_agent import AgentTask, SessionOutput
+
+Checkpoint = Callable[[dict[str, list[Segment]], dict], Awaitable[None]]
+
+
+def sampling_defaults(args: Any) -> dict[str, Any]:
+    """vLLM sampling parameters of every agent turn, from the rollout flags."""
+    params: dict[str, Any] = {"temperature": args.rollout_temperature, "max_tokens": args.agent_max_tokens}
+    for name, key in (("rollout_top_p", "top_p"), ("rollout_top_k", "top_k"), ("rollout_stop", "stop"),
+                      ("rollout_stop_token_ids", "stop_token_ids")):
+        value = getattr(args, name, None)
+        if value is not None:
+            params[key] = value
+    return params
+
+
+def agent_config(args: Any) -> AgentConfig:
+    return AgentConfig(max_turns=args.agent_max_turns, max_tokens=args.agent_max_tokens,
+                       compact_at_tokens=args.agent_compact_at_tokens, command_timeout=args.agent_command_timeout,
+                       max_format_errors=args.agent_max_format_errors)
+
+
+async def run_session(args: Any, adapter: Any, sandbox: Sandbox, run_id: str, task: AgentTask, restored: Restored,
+                      checkpoint: Checkpoint, *, attempt: int) -> SessionOutput:
+    prefix = f"{run_id}/{task.rollout_id}@{attempt}"
+    if args.agent_harness == "claude_code":
+        return await _claude_code(args, adapter, sandbox, prefix, task, restored, checkpoint)
+    defaults = sampling_defaults(args)
+    state = AgentState.from_dict(restored.agent_state) if restored.agent_state else AgentState.new(task.prompt)
+    sessions: dict[str, str] = {}
+    for name, chain in state.chains.items():  # reopen the chains of the stored steps, segments and all
+        if chain.session_id is not None:
+            chain.session_id = sessions[name] = f"{prefix}/{name}"
+            adapter.core.restore_session(chain.session_id, restored.chains.get(name, []), defaults)
+
+    def open_chain(name: str) -> str:
+        sessions[name] = f"{prefix}/{name}"
+        adapter.open_session(sessions[name], defaults)
+        return sessions[name]
+
+    async def on_step(state: AgentState) -> None:
+        chains = {name: adapter.core.session_segments(sid) for name, sid in sessions.items()
+                  if adapter.core.has_session(sid)}
+        await checkpoint(chains, state.to_dict())
+
+    try:
+        await CodingAgent(sandbox, await adapter.start(), open_chain, agent_config(args)).run(state, on_step)
+    finally:
+        for sid in sessions.values():
+            if adapter.core.has_session(sid):
+                await adapter.finish_session(sid)
+    return SessionOutput(sum(c.turns for c in state.chains.values()), state.stop_reason or "", state.finished)
+
+
+async def _claude_code(args: Any, adapter: Any, sandbox: Sandbox, prefix: str, task: AgentTask, restored: Restored,
+                       checkpoint: Checkpoint) -> SessionOutput:
+    from vime.agent.coding.claude_code import run_claude_code
+
+    if restored.agent_state is not None:  # stored when the CLI exited: the session is done
+        stored = restored.agent_state
+        return SessionOutput(stored.get("turns", 0), stored.get("stop_reason", ""), stored.get("finished", False))
+    session_id = f"{prefix}/main"
+    adapter.open_session(session_id, sampling_defaults(args))
+    try:
+        result = await run_claude_code(sandbox, await adapter.start(), session_id, task.prompt,
+                                       max_turns=args.agent_max_turns)
+    finally:
+        segments = await adapter.finish_session(session_id)
+    turns = sum(len(s.turns) for s in segments)
+    state = {"harness": "claude_code", "turns": turns, "finished": result.rc == 0,
+             "stop_reason": "exit" if result.rc == 0 else f"exit {result.rc}"}
+    await checkpoint({"main": segments}, state)
+    return SessionOutput(turns, state["stop_reason"], state["finished"])

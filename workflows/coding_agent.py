@@ -1,0 +1,284 @@
+"""CodingAgentRolloutWorkflow: one agent rollout on one coding task, as a durable workflow.
+
+    task → boot sandbox → agent session → capture diff → grade in a clean sandbox → store
+                       └──────────── tear down the sandbox, always ────────────┘
+
+One workflow per rollout (an agent rollout takes seconds to hours, so the workflow costs
+nothing next to it), id `<run>-rollout-<position>-<i>`. Each step is its own activity with its
+own timeouts and retries: the session heartbeats every turn and stores its trajectory per
+step, so a retried session resumes after its last stored step; a sandbox that vanished
+(`SandboxLost`) is booted again and the session restored into it from the stored diff.
+
+Failures are data: a diff that does not apply is a typed, non-retryable task outcome (reward
+0); a sandbox or engine that stays broken after its retries is an infra failure, recorded with
+its cause in `FailureClass` and kept out of advantage statistics. Search attributes: run,
+rollout id, status, reward, policy version, failure class; the memo holds the trajectory id
+(where the store keeps its turns) and the diff id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+
+with workflow.unsafe.imports_passed_through():
+    from vime.temporal.search_attributes import (FAILURE_CLASS, POLICY_VERSION, REWARD, ROLLOUT_ID,
+                                                 ROLLOUT_STATUS, RUN_ID)
+    from vime.types import RolloutRef
+
+AGENT_TASK = "agent_task"
+AGENT_SESSION = "agent_session"
+STORE_AGENT_ROLLOUT = "store_agent_rollout"
+BOOT_SANDBOX = "boot_sandbox"
+CAPTURE_DIFF = "capture_diff"
+GRADE_DIFF = "grade_diff"
+TEARDOWN_SANDBOX = "teardown_sandbox"
+
+SANDBOX_LOST = "SandboxLost"
+PATCH_DOES_NOT_APPLY = "PatchDoesNotApply"
+MAX_SANDBOX_BOOTS = 3
+
+
+@dataclass
+class AgentRolloutInput:
+    run_id: str
+    step: int
+    position: int  # the data source's prompt position (the group)
+    index: int  # which sample of the group
+    weight_version: int
+    heartbeat_seconds: float = 60.0
+    sandbox_task_queue: str = "vime-sandbox"
+
+
+@dataclass
+class AgentTask:
+    """A coding task as the activities need it (resolved from the data source once)."""
+
+    rollout_id: str
+    group_index: int
+    index: int
+    prompt: str
+    repo_dir: str
+    test_command: str
+    task_id: str = ""
+
+
+@dataclass
+class SessionInput:
+    run_id: str
+    task: AgentTask
+    sandbox_id: str
+    weight_version: int
+
+
+@dataclass
+class SessionOutput:
+    turns: int
+    stop_reason: str
+    finished: bool
+
+
+@dataclass
+class SandboxRef:
+    sandbox_id: str
+
+
+@dataclass
+class DiffInput:
+    run_id: str
+    rollout_id: str
+    sandbox_id: str
+
+
+@dataclass
+class DiffOutput:
+    diff_id: str  # "sha256:<hex>" of the text
+    diff: str
+    source: str = "sandbox"  # or "checkpoint" when the sandbox was gone and the last stored diff was used
+
+
+@dataclass
+class GradeInput:
+    task: AgentTask
+    diff: str
+
+
+@dataclass
+class GradeOutput:
+    reward: float
+    outcome: str
+    reason: str
+
+
+@dataclass
+class StoreInput:
+    run_id: str
+    task: AgentTask
+    weight_version: int
+    reward: float | None
+    outcome: str
+    reason: str = ""
+    diff: str = ""
+    diff_id: str = ""
+    infra_failure: str | None = None
+
+
+@dataclass
+class AgentRolloutOutput:
+    rollout: RolloutRef
+    reward: float | None = None
+    status: str = "completed"
+    failure_class: str = "none"
+    outcome: str = ""
+    diff_id: str = ""
+    turns: int = 0
+    phases: list[str] = field(default_factory=list)
+
+
+def agent_workflow_id(run_id: str, position: int, index: int) -> str:
+    return f"{run_id}-rollout-{position}-{index}"
+
+
+def _retry(attempts: int, *non_retryable: str) -> RetryPolicy:
+    return RetryPolicy(maximum_attempts=attempts, initial_interval=timedelta(seconds=1),
+                       non_retryable_error_types=["ConfigError", *non_retryable])
+
+
+def _error_type(e: BaseException) -> str:
+    cause = e.cause if isinstance(e, ActivityError) else e
+    return cause.type if isinstance(cause, ApplicationError) and cause.type else type(cause).__name__
+
+
+def _message(e: BaseException) -> str:
+    cause = e.cause if isinstance(e, ActivityError) and e.cause is not None else e
+    return f"{_error_type(e)}: {cause}"[:500]
+
+
+def failure_class(error_type: str) -> str:
+    """FailureClass of an activity error: who is to blame, for the UI and the statistics."""
+    if error_type in (SANDBOX_LOST, "SandboxError", "SandboxGone"):
+        return "infra:sandbox"
+    if error_type in ("ServiceError", "EngineError", "AdapterError"):
+        return "infra:engine"
+    if error_type in ("TimeoutError", "ActivityTimeout"):
+        return "infra:timeout"
+    return f"infra:{error_type or 'unknown'}"
+
+
+@workflow.defn(name="CodingAgentRolloutWorkflow")
+class CodingAgentRolloutWorkflow:
+    def __init__(self) -> None:
+        self.phase = "starting"
+        self.phases: list[str] = []
+        self.sandbox_id: str | None = None
+
+    @workflow.query
+    def progress(self) -> dict:
+        return {"phase": self.phase, "sandbox_id": self.sandbox_id, "phases": list(self.phases)}
+
+    def _enter(self, phase: str) -> None:
+        self.phase = phase
+        self.phases.append(phase)
+
+    @workflow.run
+    async def run(self, inp: AgentRolloutInput) -> AgentRolloutOutput:
+        self._enter("task")
+        task = await workflow.execute_activity(
+            AGENT_TASK, inp, result_type=AgentTask, start_to_close_timeout=timedelta(minutes=2),
+            retry_policy=_retry(5))
+        trajectory_id = f"{inp.run_id}/{task.rollout_id}"
+        workflow.upsert_search_attributes([
+            RUN_ID.value_set(inp.run_id), ROLLOUT_ID.value_set(task.rollout_id),
+            POLICY_VERSION.value_set(inp.weight_version), ROLLOUT_STATUS.value_set("running"),
+        ])
+        workflow.upsert_memo({"trajectory_id": trajectory_id, "task_id": task.task_id})
+
+        store = StoreInput(inp.run_id, task, inp.weight_version, reward=None, outcome="")
+        turns = 0
+        try:
+            session = await self._session(inp, task)
+            turns = session.turns
+            self._enter("diff")
+            diff = await workflow.execute_activity(
+                CAPTURE_DIFF, DiffInput(inp.run_id, task.rollout_id, self.sandbox_id or ""),
+                result_type=DiffOutput, task_queue=inp.sandbox_task_queue,
+                start_to_close_timeout=timedelta(minutes=5), retry_policy=_retry(5))
+            store.diff, store.diff_id = diff.diff, diff.diff_id
+            workflow.upsert_memo({"diff_id": diff.diff_id, "diff_source": diff.source})
+            await self._teardown(inp)  # free the agent's sandbox before grading starts a clean one
+            self._enter("grade")
+            grade = await self._grade(inp, task, diff.diff)
+            store.reward, store.outcome, store.reason = grade.reward, grade.outcome, grade.reason
+        except (ActivityError, asyncio.CancelledError) as e:
+            if is_cancelled_exception(e):  # the sandbox goes first, then the cancellation goes on
+                self._enter("cancelled")
+                await self._teardown(inp)
+                workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("cancelled")])
+                raise
+            store.infra_failure, store.outcome = _message(e), failure_class(_error_type(e))
+            workflow.logger.warning("rollout %s: infra failure: %s", task.rollout_id, store.infra_failure)
+        finally:
+            await self._teardown(inp)
+
+        self._enter("store")
+        out = await workflow.execute_activity(
+            STORE_AGENT_ROLLOUT, store, result_type=AgentRolloutOutput,
+            start_to_close_timeout=timedelta(minutes=5), retry_policy=_retry(10))
+        out.turns, out.phases = turns, list(self.phases)
+        updates = [ROLLOUT_STATUS.value_set(out.status), FAILURE_CLASS.value_set(out.failure_class)]
+        if out.reward is not None:
+            updates.append(REWARD.value_set(out.reward))
+        workflow.upsert_search_attributes(updates)
+        self.phase = "done"
+        return out
+
+    async def _session(self, inp: AgentRolloutInput, task: AgentTask) -> SessionOutput:
+        """Boot a sandbox and run the session in it; a lost sandbox is replaced (the session
+        resumes from its stored steps), at most MAX_SANDBOX_BOOTS times."""
+        for boot in range(MAX_SANDBOX_BOOTS):
+            self._enter("boot")
+            ref = await workflow.execute_activity(
+                BOOT_SANDBOX, task, result_type=SandboxRef, task_queue=inp.sandbox_task_queue,
+                start_to_close_timeout=timedelta(minutes=10), retry_policy=_retry(3))
+            self.sandbox_id = ref.sandbox_id
+            self._enter("session")
+            try:
+                return await workflow.execute_activity(
+                    AGENT_SESSION, SessionInput(inp.run_id, task, ref.sandbox_id, inp.weight_version),
+                    result_type=SessionOutput, start_to_close_timeout=timedelta(hours=4),
+                    heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds),
+                    retry_policy=_retry(5, SANDBOX_LOST),
+                    # on cancel, wait until the session stopped using the sandbox before tearing it down
+                    cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED)
+            except ActivityError as e:
+                if _error_type(e) != SANDBOX_LOST or boot == MAX_SANDBOX_BOOTS - 1:
+                    raise
+                workflow.logger.warning("rollout %s: sandbox %s lost; booting another", task.rollout_id,
+                                        ref.sandbox_id)
+                await self._teardown(inp)
+        raise AssertionError("unreachable")
+
+    async def _grade(self, inp: AgentRolloutInput, task: AgentTask, diff: str) -> GradeOutput:
+        try:
+            return await workflow.execute_activity(
+                GRADE_DIFF, GradeInput(task, diff), result_type=GradeOutput, task_queue=inp.sandbox_task_queue,
+                start_to_close_timeout=timedelta(minutes=15), retry_policy=_retry(3, PATCH_DOES_NOT_APPLY))
+        except ActivityError as e:
+            if _error_type(e) != PATCH_DOES_NOT_APPLY:
+                raise
+            return GradeOutput(0.0, "patch_failed", _message(e))
+
+    async def _teardown(self, inp: AgentRolloutInput) -> None:
+        """Destroy the current sandbox (idempotent; runs even when the workflow is cancelled)."""
+        if self.sandbox_id is None:
+            return
+        sandbox_id, self.sandbox_id = self.sandbox_id, None
+        self._enter("teardown")
+        await workflow.execute_activity(
+            TEARDOWN_SANDBOX, SandboxRef(sandbox_id), task_queue=inp.sandbox_task_queue,
+            start_to_close_timeout=timedelta(minutes=2), retry_policy=_retry(10))
