@@ -1,0 +1,98 @@
+"""The coding-agent example end to end on CPU: SFT warm start, then RL through Temporal.
+
+    python -m examples.coding_agent_rl.run [--tasks N] [vime train flags that override the defaults]
+
+See README.md in this directory. Writes everything to the run directory (default
+`runs/coding-agent-<time>/`): `traces.jsonl`, `sft-model/`, `prompts.jsonl`, the store, the
+Temporal database, `summary.txt`; prints one line per RL step and, at the end, the rollouts
+`temporal workflow list --query "RolloutStatus='completed'"` finds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from examples.coding_agent_rl.gold_edits import write_prompts
+from examples.coding_agent_rl.sft_traces import write_traces
+from examples.coding_agent_rl.tasks.prepare import load_tasks
+from vime.args import parse_args
+from vime.launch import run_training
+from vime.log import configure_logging
+from vime.temporal.dev_server import TemporalDevServer, temporal_cli_path
+from vime.train.sft import load_sft_samples, run_sft
+
+SFT_FLAGS = ["--lr", "3e-3", "--sft-num-steps", "120", "--seed", "1"]
+
+
+def rl_flags(run_dir: Path, model: Path, tasks: int) -> list[str]:
+    return [
+        "--hf-checkpoint", str(model), "--prompt-data", str(run_dir / "prompts.jsonl"), "--input-key", "prompt",
+        "--label-key", "label", "--rollout-shuffle",
+        "--rollout-workflow", "CodingAgentRolloutWorkflow", "--sandbox-backend", "bwrap",
+        "--agent-max-turns", "4", "--agent-max-tokens", "160", "--agent-command-timeout", "30",
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--num-rollout", "3",
+        "--rollout-temperature", "1.0", "--advantage-estimator", "grpo", "--lr", "1e-4",
+        "--run-dir", str(run_dir), "--vllm-max-model-len", "2048",
+    ]
+
+
+def sft(run_dir: Path, base_model: str, tasks) -> Path:
+    """Traces of every task, then `vime sft` on them; returns the warm-started model."""
+    out = run_dir / "sft-model"
+    if (out / "config.json").exists():
+        return out
+    traces = run_dir / "traces.jsonl"
+    t0 = time.monotonic()
+    n = asyncio.run(write_traces(base_model, traces, tasks))
+    print(f"[coding-agent] {n} synthetic traces in {time.monotonic() - t0:.0f} s -> {traces}")
+    args = parse_args(["--hf-checkpoint", base_model, "--sft-data", str(traces), "--save", str(out),
+                       "--run-dir", str(run_dir / "sft"), "--global-batch-size", str(min(4, n)), *SFT_FLAGS])
+    result = run_sft(args, load_sft_samples(traces))
+    print(f"[coding-agent] SFT: loss {result.first_loss:.3f} -> {result.last_loss:.4f} in {result.steps} steps "
+          f"({result.seconds:.0f} s) -> {out}")
+    return out
+
+
+def list_rollouts(run_dir: Path, query: str) -> str:
+    """`temporal workflow list --query ...` against the run's Temporal database (the run's dev
+    server has stopped; a fresh one on the same file serves its histories)."""
+    with TemporalDevServer(run_dir, headless=True) as server:
+        proc = subprocess.run([str(temporal_cli_path()), "workflow", "list", "--address", server.address,
+                               "--query", query, "--limit", "1000"], capture_output=True, text=True, timeout=60)
+    return proc.stdout + proc.stderr
+
+
+def main(argv: list[str] | None = None) -> int:
+    configure_logging(level="WARNING")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    count = 4
+    if "--tasks" in argv:
+        i = argv.index("--tasks")
+        count = int(argv[i + 1])
+        del argv[i:i + 2]
+    run_dir = Path(argv[argv.index("--run-dir") + 1]) if "--run-dir" in argv else \
+        Path("runs") / time.strftime("coding-agent-%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    from vime.testing.tiny_model import tiny_model_dir
+
+    tasks = load_tasks()
+    model = sft(run_dir, str(tiny_model_dir()), tasks[:count])
+    write_prompts(tasks[:count], run_dir / "prompts.jsonl")
+    args = parse_args(rl_flags(run_dir, model, count) + argv)
+    t0 = time.monotonic()
+    state = asyncio.run(run_training(args))
+    rewards = [m.get("reward_mean", 0.0) for m in state.metrics]
+    line = (f"coding-agent: {len(rewards)} RL steps in {time.monotonic() - t0:.0f} s, mean reward per step "
+            + " ".join(f"{r:.2f}" for r in rewards))
+    (run_dir / "summary.txt").write_text(line + "\n")
+    print(line)
+    print(list_rollouts(run_dir, "RolloutStatus='completed'"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
