@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import types
 import uuid
 from pathlib import Path
 
@@ -41,7 +43,7 @@ class Worker:
 
     def __init__(self, tmp_path: Path, server, model: Path, address: str, sandbox_base: Path) -> None:
         self.run_dir, self.base = tmp_path / "run", sandbox_base
-        self.run_id = "run"
+        self.run_id = f"run-{uuid.uuid4().hex[:8]}"  # unique: the Temporal server is shared by the session
         self.queue = f"q-{uuid.uuid4().hex[:8]}"
         prompts = write_prompts(load_tasks()[:2], tmp_path / "prompts.jsonl")
         self.argv = [
@@ -234,3 +236,38 @@ def tokenizer_ends(tiny_model_dir) -> list[int]:
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     ends = sorted(i for piece, i in tokenizer.get_vocab().items() if "\u0120" in piece or "\u010a" in piece)
     return [tokenizer.eos_token_id, *ends]
+
+
+async def test_an_engine_that_stays_down_is_an_infra_failure_with_its_cause(tmp_path, tiny_model_dir, temporal_env):
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dead = types.SimpleNamespace(host="127.0.0.1", port=port, url=f"http://127.0.0.1:{port}")
+    base = Path(tempfile.mkdtemp(prefix="vime-test-sbx-"))
+    base.chmod(0o755)
+    w = Worker(tmp_path, dead, tiny_model_dir, temporal_env.client.service_client.config.target_host, base)
+    try:
+        w.start()
+        inp = w.inp()
+        inp.session_attempts = 2
+        handle = await temporal_env.client.start_workflow(
+            "CodingAgentRolloutWorkflow", inp, id=agent_workflow_id(w.run_id, 0, 0), task_queue=w.queue,
+            result_type=AgentRolloutOutput)
+        out = await asyncio.wait_for(handle.result(), 240)
+
+        assert out.status == "failed" and out.failure_class == "infra:engine" and out.reward is None
+        assert "ServiceError" in out.rollout.infra_failure and str(port) in out.rollout.infra_failure
+        assert out.rollout.samples == []  # nothing was sampled, nothing to train on
+        assert "grade" not in out.phases and out.phases[-2:] == ["teardown", "store"]
+        found = []
+        for _ in range(50):
+            found = [x.id async for x in temporal_env.client.list_workflows(
+                f"VimeRunId='{w.run_id}' AND FailureClass='infra:engine' AND RolloutStatus='failed'")]
+            if found:
+                break
+            await asyncio.sleep(0.2)
+        assert found == [handle.id]
+        assert w.leftovers() == []
+    finally:
+        w.stop()
+        shutil.rmtree(base, ignore_errors=True)

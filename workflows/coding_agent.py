@@ -53,6 +53,7 @@ class AgentRolloutInput:
     weight_version: int
     heartbeat_seconds: float = 60.0
     sandbox_task_queue: str = "vime-sandbox"
+    session_attempts: int = 5  # tries of the agent session before the rollout is an infra failure
 
 
 @dataclass
@@ -252,7 +253,7 @@ class CodingAgentRolloutWorkflow:
                     AGENT_SESSION, SessionInput(inp.run_id, task, ref.sandbox_id, inp.weight_version),
                     result_type=SessionOutput, start_to_close_timeout=timedelta(hours=4),
                     heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds),
-                    retry_policy=_retry(5, SANDBOX_LOST),
+                    retry_policy=_retry(inp.session_attempts, SANDBOX_LOST),
                     # on cancel, wait until the session stopped using the sandbox before tearing it down
                     cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED)
             except ActivityError as e:
