@@ -147,13 +147,13 @@ def good_row(tiny_model_dir: Path) -> dict:
 BAD_DATA = {
     "missing file": (None, "no such file"),
     "empty file": ([], "no samples"),
-    "not JSON": (["GOOD", "{not json"], "line 2: not JSON"),
-    "not an object": (["[1, 2]"], "line 1: expected a JSON object"),
-    "unknown field": ([{"GOOD": {"rewardz": 1}}], "line 1: Sample.from_dict: unknown fields ['rewardz']"),
-    "mask length": ([{"GOOD": {"loss_mask": [1, 1, 1]}}], "line 1: Sample.loss_mask has 3 entries"),
-    "no loss tokens": (["GOOD", {"GOOD": {"loss_mask": "ZEROS"}}], "line 2: loss_mask is all 0"),
-    "no response": ([{"GOOD": {"response_length": 0, "loss_mask": []}}], "line 1: response_length is 0"),
-    "token ids": ([{"GOOD": {"tokens": "abc"}}], "line 1: tokens must be a list"),
+    "not JSON": (["GOOD", "{not json"], ":2: not valid JSON"),
+    "not an object": (["[1, 2]"], ":1: expected a JSON object"),
+    "unknown field": ([{"GOOD": {"rewardz": 1}}], ":1: Sample.from_dict: unknown fields ['rewardz']"),
+    "mask length": ([{"GOOD": {"loss_mask": [1, 1, 1]}}], ":1: Sample.loss_mask has 3 entries"),
+    "no loss tokens": (["GOOD", {"GOOD": {"loss_mask": "ZEROS"}}], ":2: loss_mask is all 0"),
+    "no response": ([{"GOOD": {"response_length": 0, "loss_mask": []}}], ":1: response_length is 0"),
+    "token ids": ([{"GOOD": {"tokens": "abc"}}], ":1: tokens must be a list"),
 }
 
 

@@ -45,7 +45,7 @@ def read_records(path: str, flag: str = "--prompt-data") -> Iterator[tuple[str, 
         raise ConfigError(f"{flag} {real!r}: no such file")
     suffix = p.suffix.lower()
     if suffix in (".jsonl", ".json"):
-        rows = _read_jsonl(p, flag)
+        rows = read_jsonl_objects(p, flag)
     elif suffix == ".parquet":
         rows = _read_parquet(p, flag)
     else:
@@ -55,7 +55,9 @@ def read_records(path: str, flag: str = "--prompt-data") -> Iterator[tuple[str, 
     yield from rows
 
 
-def _read_jsonl(path: Path, flag: str) -> Iterator[tuple[str, dict[str, Any]]]:
+def read_jsonl_objects(path: Path, flag: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """`(where, record)` for each non-blank line of a JSONL file whose lines must be JSON objects;
+    `where` is `path:line` for error messages, and a bad line is a `ConfigError` naming `flag`."""
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():

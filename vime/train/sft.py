@@ -40,6 +40,7 @@ from typing import Any
 
 from vime.errors import ConfigError
 from vime.log import get_logger
+from vime.rollout.dataset import read_jsonl_objects
 from vime.types import Sample
 
 log = get_logger(__name__)
@@ -101,26 +102,16 @@ def load_sft_samples(path: str | Path) -> list[Sample]:
                           "pass a JSONL file with one Sample.to_dict() per line")
     samples: list[Sample] = []
     try:
-        with p.open(encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"--sft-data {p}, line {n}"
-                try:
-                    data = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ConfigError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
-                if not isinstance(data, dict):
-                    raise ConfigError(f"{where}: expected a JSON object (a Sample.to_dict()), "
-                                      f"got {type(data).__name__}")
-                try:
-                    sample = Sample.from_dict(data)
-                except (ConfigError, TypeError) as e:
-                    raise ConfigError(f"{where}: {e}") from None
-                problem = sample_problem(sample)
-                if problem:
-                    raise ConfigError(f"{where}: {problem}")
-                samples.append(sample)
+        for where, data in read_jsonl_objects(p, "--sft-data"):
+            where = f"--sft-data {where}"
+            try:
+                sample = Sample.from_dict(data)
+            except (ConfigError, TypeError) as e:
+                raise ConfigError(f"{where}: {e}") from None
+            problem = sample_problem(sample)
+            if problem:
+                raise ConfigError(f"{where}: {problem}")
+            samples.append(sample)
     except UnicodeDecodeError as e:
         raise ConfigError(f"--sft-data {p}: not UTF-8 text ({e.reason} at byte {e.start}); is it JSONL?") from None
     if not samples:
