@@ -22,6 +22,7 @@ from temporalio import activity
 from activities.heartbeat import heartbeating
 from activities.sandbox import attach
 from vime.agent.adapters import AnthropicAdapter
+from vime.agent.coding.task import coding_task
 from vime.agent.fanout import trajectory_to_samples
 from vime.agent.recorder import TrajectoryRecorder
 from vime.agent.sandbox.git import capture_diff, restore_diff
@@ -38,28 +39,10 @@ from workflows.coding_agent import (AgentRolloutInput, AgentRolloutOutput, Agent
 log = get_logger(__name__)
 
 
-def _prompt_text(prompt: Any) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):  # chat messages: the user's words are the task
-        return "\n\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict) and m.get("role") == "user")
-    raise ConfigError(f"coding task prompt must be text or chat messages, got {type(prompt).__name__}")
-
-
 def task_from_sample(sample: Sample, data_dir: Path) -> AgentTask:
-    """A coding task from a prompt record: `metadata` names the repository (`repo`, relative to
-    the prompt file) and the `test_command`; `task_id` (or the label) names the task."""
-    meta = sample.metadata or {}
-    missing = [k for k in ("repo", "test_command") if not meta.get(k)]
-    if missing:
-        raise ConfigError(f"prompt {sample.group_index} of --prompt-data: metadata lacks {missing}; a coding task "
-                          "needs metadata.repo (the task repository) and metadata.test_command")
-    repo = Path(meta["repo"])
-    repo = repo if repo.is_absolute() else data_dir / repo
-    if not repo.is_dir():
-        raise ConfigError(f"prompt {sample.group_index} of --prompt-data: task repository {str(repo)!r} does not exist")
-    return AgentTask(str(sample.index), sample.group_index, sample.index, _prompt_text(sample.prompt), str(repo),
-                     meta["test_command"], str(meta.get("task_id") or sample.label or ""))
+    task = coding_task(sample, data_dir)
+    return AgentTask(str(sample.index), sample.group_index, sample.index, task.prompt, task.repo_dir,
+                     task.test_command, task.task_id)
 
 
 def _failure_class(inp: StoreInput) -> str:
@@ -103,7 +86,7 @@ class CodingAgentActivities:
 
     @activity.defn(name="agent_session")
     async def agent_session(self, inp: SessionInput) -> SessionOutput:
-        from vime.agent.coding.session import run_session  # the harnesses import the anthropic SDK
+        from activities.agent_session import run_session  # the harnesses import the anthropic SDK
 
         sbx = await attach(self.args, inp.sandbox_id)
         recorder = TrajectoryRecorder(self.store, inp.run_id, inp.task.rollout_id)
@@ -121,8 +104,9 @@ class CodingAgentActivities:
             activity.heartbeat(turn)
 
         async with heartbeating():
+            info = activity.info()
             return await run_session(self.args, adapter, sbx, inp.run_id, inp.task, restored, checkpoint,
-                                     attempt=activity.info().attempt)
+                                     attempt=f"{info.activity_id}.{info.attempt}")
 
     # ---- storing ---------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from vime.agent.coding.config import sandbox_options
 from vime.agent.coding.grading import grade_in_sandbox, task_test_files
 from vime.agent.recorder import TrajectoryRecorder
 from vime.agent.sandbox import SandboxGone, attach_sandbox, make_sandbox
@@ -28,17 +29,6 @@ from workflows.coding_agent import (PATCH_DOES_NOT_APPLY, SANDBOX_LOST, AgentTas
                                     GradeInput, GradeOutput, SandboxRef)
 
 log = get_logger(__name__)
-
-
-def sandbox_options(args: Any, task: AgentTask | None = None) -> dict[str, Any]:
-    """Constructor kwargs of `--sandbox-backend` for a task (the Claude Code CLI needs to reach
-    the adapter on the host, so its sandboxes keep the network)."""
-    options: dict[str, Any] = {}
-    if getattr(args, "agent_harness", "builtin") == "claude_code" and args.sandbox_backend == "bwrap":
-        options["network"] = True
-    if task is not None:
-        options["repo_dir"] = task.repo_dir
-    return options
 
 
 async def attach(args: Any, sandbox_id: str):
@@ -70,7 +60,7 @@ class SandboxActivities:
 
     @activity.defn(name="boot_sandbox")
     async def boot_sandbox(self, task: AgentTask) -> SandboxRef:
-        sbx = make_sandbox(self.args.sandbox_backend, **sandbox_options(self.args, task))
+        sbx = make_sandbox(self.args.sandbox_backend, **sandbox_options(self.args, task.repo_dir))
         await sbx.boot()
         try:
             await init_base(sbx)
@@ -98,7 +88,7 @@ class SandboxActivities:
         task = inp.task
 
         def fresh():
-            return make_sandbox(self.args.sandbox_backend, **sandbox_options(self.args, task))
+            return make_sandbox(self.args.sandbox_backend, **sandbox_options(self.args, task.repo_dir))
 
         result = await grade_in_sandbox(fresh, inp.diff, task.test_command,
                                         test_files=task_test_files(task.repo_dir),

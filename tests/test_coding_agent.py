@@ -21,7 +21,7 @@ from vime.agent.adapters import AnthropicAdapter
 from vime.agent.adapters.anthropic import to_chat
 from vime.agent.coding.agent import (COMPACT_PROMPT, DEFAULT_SYSTEM_PROMPT, SUMMARY_PREFIX, AgentConfig,
                                      AgentState, CodingAgent, run_coding_agent)
-from vime.agent.coding.claude_code import claude_code_available, run_claude_code
+from vime.agent.coding.claude_code import claude_code_available, claude_code_binds, run_claude_code
 from vime.agent.coding.tools import MAIN_TOOLS, tool_definitions
 from vime.agent.sandbox import BwrapSandbox
 from vime.testing.engine import RecordingEngineClient, check_segments_against_engine
@@ -327,7 +327,7 @@ async def test_claude_code_runs_its_tools_in_the_sandbox_against_the_adapter(tok
         return tool_call_text("Bash", {"command": "echo hello > hello.txt && id -u", "description": "Write the file"})
 
     async with scripted_adapter(tokenizer, policy) as (adapter, engine, url):
-        async with BwrapSandbox(REPO, network=True) as sandbox:
+        async with BwrapSandbox(REPO, network=True, ro_binds=claude_code_binds()) as sandbox:
             root = sandbox.root
             adapter.open_session("claude-scripted")
             result = await run_claude_code(sandbox, url, "claude-scripted", "Write hello to hello.txt",
@@ -359,7 +359,7 @@ async def test_claude_code_in_the_sandbox_against_vllm_exports_its_trajectory(to
 
     adapter.app.on_response_prepare.append(on_prepare)
     try:
-        async with adapter.serve() as url, BwrapSandbox(REPO, network=True) as sandbox:
+        async with adapter.serve() as url, BwrapSandbox(REPO, network=True, ro_binds=claude_code_binds()) as sandbox:
             root = sandbox.root
             adapter.open_session("claude-vllm", sampling_defaults=stop_at_word_boundaries(tokenizer))
             result = await run_claude_code(sandbox, url, "claude-vllm", "Say hi", timeout=240, max_turns=2)

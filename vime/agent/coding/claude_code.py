@@ -72,6 +72,18 @@ def claude_code_available() -> bool:
     return not _needs_node(real) or shutil.which("node") is not None
 
 
+def claude_code_binds(binary: str | None = None) -> list[str]:
+    """Host paths a bubblewrap sandbox must bind (`BwrapSandbox(ro_binds=...)`) for the CLI to
+    be visible inside it: the `node_modules` tree that holds it (or its directory). Everything
+    outside the host's `/tmp` is visible anyway; a checkout under `/tmp` is not."""
+    binary = binary or find_claude_code()
+    if binary is None:
+        return []
+    path = Path(binary).absolute()
+    holder = next((p for p in path.parents if p.name == "node_modules"), None)
+    return [str(holder or path.parent), str(Path(os.path.realpath(path)).parent)]
+
+
 @dataclass
 class ClaudeCodeResult:
     """How the CLI ended: `rc` (None when it ran past the timeout and was killed), its final
@@ -113,6 +125,9 @@ async def run_claude_code(sandbox: Sandbox, base_url: str, session_id: str, prom
     if binary is None:
         raise FileNotFoundError("Claude Code is not installed: run scripts/setup.sh "
                                 "(npm install @anthropic-ai/claude-code) or set VIME_CLAUDE_BIN")
+    if not (await sandbox.exec(["test", "-x", binary])).ok:
+        raise FileNotFoundError(f"Claude Code at {binary} is not visible inside sandbox {sandbox.sandbox_id}: "
+                                "bind it in (BwrapSandbox(ro_binds=claude_code_binds())) or install it outside /tmp")
     argv = [binary, "-p", prompt, "--output-format", "json", "--dangerously-skip-permissions"]
     if max_turns is not None:
         argv += ["--max-turns", str(max_turns)]

@@ -67,8 +67,10 @@ class BwrapSandbox:
 
     `cpu_seconds` / `memory_bytes` / `max_processes` bound each command (per process CPU time,
     address space, tasks in the sandbox); `wall_timeout` is the default `exec` timeout.
-    `max_output_bytes` caps what is kept of each of stdout / stderr (the head). These apply per
-    handle: an attached handle's commands run under the kwargs it was attached with.
+    `max_output_bytes` caps what is kept of each of stdout / stderr (the head). `ro_binds` are
+    host paths made visible read-only at the same path (the host's `/tmp` is private in the
+    sandbox, so a tool installed under it, e.g. a checkout's node_modules, needs one). These
+    apply per handle: an attached handle's commands run under the kwargs it was attached with.
     """
 
     def __init__(
@@ -84,8 +86,10 @@ class BwrapSandbox:
         base_dir: str | Path | None = None,
         env: dict[str, str] | None = None,
         max_output_bytes: int = 16 << 20,
+        ro_binds: tuple[str | Path, ...] | list[str | Path] = (),
     ):
         self.repo_dir = Path(repo_dir) if repo_dir is not None else None
+        self.ro_binds = tuple(str(Path(b).resolve()) for b in ro_binds)
         self.network = network
         self.cpu_seconds, self.memory_bytes = cpu_seconds, memory_bytes
         self.max_processes, self.wall_timeout = max_processes, wall_timeout
@@ -296,6 +300,8 @@ class BwrapSandbox:
         parent = self.root.parent.resolve()
         if parent != Path("/tmp") and Path("/tmp") not in parent.parents:
             args += ["--tmpfs", str(parent)]  # hide sibling sandboxes' workdirs
+        for path in self.ro_binds:  # host tools under a private path (/tmp): visible, read-only
+            args += ["--ro-bind", path, path]
         args += ["--bind", str(self.workdir), WORKDIR, "--chdir", cwd or WORKDIR]
         if user is not None:
             uid = _uid(user)

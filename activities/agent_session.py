@@ -1,7 +1,7 @@
 """One agent session of a coding rollout, resumable: the body of the `agent_session` activity.
 
 The harness (`--agent-harness`) talks to the worker's adapter; every chain of the run is an
-adapter session named `<run>/<rollout>@<attempt>/<chain>`, fresh per attempt, so a retry in the
+adapter session named `<run>/<rollout>@<activity>.<attempt>/<chain>`, fresh per attempt, so a retry in the
 same process never collides with the sessions of the attempt it replaces.
 
 - builtin (`CodingAgent`): after every step `checkpoint(chains, agent_state)` stores the step;
@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from vime.agent.adapters.core import Segment
-from vime.agent.coding.agent import AgentConfig, AgentState, CodingAgent
+from vime.agent.coding.agent import AgentState, CodingAgent
+from vime.agent.coding.config import agent_config, sampling_defaults
 from vime.agent.recorder import Restored
 from vime.agent.sandbox.base import Sandbox
 from workflows.coding_agent import AgentTask, SessionOutput
@@ -26,25 +27,8 @@ from workflows.coding_agent import AgentTask, SessionOutput
 Checkpoint = Callable[[dict[str, list[Segment]], dict], Awaitable[None]]
 
 
-def sampling_defaults(args: Any) -> dict[str, Any]:
-    """vLLM sampling parameters of every agent turn, from the rollout flags."""
-    params: dict[str, Any] = {"temperature": args.rollout_temperature, "max_tokens": args.agent_max_tokens}
-    for name, key in (("rollout_top_p", "top_p"), ("rollout_top_k", "top_k"), ("rollout_stop", "stop"),
-                      ("rollout_stop_token_ids", "stop_token_ids")):
-        value = getattr(args, name, None)
-        if value is not None:
-            params[key] = value
-    return params
-
-
-def agent_config(args: Any) -> AgentConfig:
-    return AgentConfig(max_turns=args.agent_max_turns, max_tokens=args.agent_max_tokens,
-                       compact_at_tokens=args.agent_compact_at_tokens, command_timeout=args.agent_command_timeout,
-                       max_format_errors=args.agent_max_format_errors)
-
-
 async def run_session(args: Any, adapter: Any, sandbox: Sandbox, run_id: str, task: AgentTask, restored: Restored,
-                      checkpoint: Checkpoint, *, attempt: int) -> SessionOutput:
+                      checkpoint: Checkpoint, *, attempt: str) -> SessionOutput:
     prefix = f"{run_id}/{task.rollout_id}@{attempt}"
     if args.agent_harness == "claude_code":
         return await _claude_code(args, adapter, sandbox, prefix, task, restored, checkpoint)
