@@ -65,7 +65,7 @@ class Worker:
             self.proc = subprocess.Popen(self.argv, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         return self
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         proc, self.proc = self.proc, None
         if proc is None:
             return 0

@@ -16,7 +16,7 @@ USAGE = """usage: vime <command> [flags]
 commands:
   train        start or resume a training run (Temporal, vLLM and workers are started as needed)
   smoke        start the embedded Temporal + vLLM services and sample from the model once
-  sft          supervised warm start: learn the loss_mask tokens of --sft-data traces, save an HF model to --save
+  sft          supervised warm start on --sft-data traces (their loss_mask tokens); saves an HF model to --save
   tiny-model   build (or find in the cache) the tiny test model and print its directory
 
 `vime <command> --help` lists the flags, grouped (data, rollout, reward, training, ...,

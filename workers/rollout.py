@@ -47,12 +47,12 @@ async def serve(args) -> None:
                                  activities=activities, max_concurrent_activities=256))
         try:
             await run_until_signalled(workers)
-        finally:
+        finally:  # each step bounded: a stopping worker must exit, and its sandboxes go first
             if sandboxes is not None:
-                await sandboxes.destroy_booted()
+                await asyncio.wait_for(sandboxes.destroy_booted(), 60)
             if agent is not None:
-                await agent.close()
-            await close_engine_clients()
+                await asyncio.wait_for(agent.close(), 15)
+            await asyncio.wait_for(close_engine_clients(), 15)
 
 
 def main(argv: list[str] | None = None) -> int:

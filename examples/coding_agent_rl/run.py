@@ -1,6 +1,6 @@
 """The coding-agent example end to end on CPU: SFT warm start, then RL through Temporal.
 
-    python -m examples.coding_agent_rl.run [--tasks N] [vime train flags that override the defaults]
+    python -m examples.coding_agent_rl.run [--tasks N] [--sft-steps N] [vime train flags that override the defaults]
 
 See README.md in this directory. Writes everything to the run directory (default
 `runs/coding-agent-<time>/`): `traces.jsonl`, `sft-model/`, `prompts.jsonl`, the store, the
@@ -25,7 +25,7 @@ from vime.log import configure_logging
 from vime.temporal.dev_server import TemporalDevServer, temporal_cli_path
 from vime.train.sft import load_sft_samples, run_sft
 
-SFT_FLAGS = ["--lr", "3e-3", "--sft-num-steps", "120", "--seed", "1"]
+SFT_FLAGS = ["--lr", "3e-3", "--seed", "1"]
 
 
 def rl_flags(run_dir: Path, model: Path, tasks: int) -> list[str]:
@@ -40,7 +40,7 @@ def rl_flags(run_dir: Path, model: Path, tasks: int) -> list[str]:
     ]
 
 
-def sft(run_dir: Path, base_model: str, tasks) -> Path:
+def sft(run_dir: Path, base_model: str, tasks, steps: int) -> Path:
     """Traces of every task, then `vime sft` on them; returns the warm-started model."""
     out = run_dir / "sft-model"
     if (out / "config.json").exists():
@@ -50,7 +50,7 @@ def sft(run_dir: Path, base_model: str, tasks) -> Path:
     n = asyncio.run(write_traces(base_model, traces, tasks))
     print(f"[coding-agent] {n} synthetic traces in {time.monotonic() - t0:.0f} s -> {traces}")
     args = parse_args(["--hf-checkpoint", base_model, "--sft-data", str(traces), "--save", str(out),
-                       "--run-dir", str(run_dir / "sft"), "--global-batch-size", str(min(4, n)), *SFT_FLAGS])
+                       "--run-dir", str(run_dir / "sft"), "--global-batch-size", str(min(4, n)), "--sft-num-steps", str(steps), *SFT_FLAGS])
     result = run_sft(args, load_sft_samples(traces))
     print(f"[coding-agent] SFT: loss {result.first_loss:.3f} -> {result.last_loss:.4f} in {result.steps} steps "
           f"({result.seconds:.0f} s) -> {out}")
@@ -66,21 +66,28 @@ def list_rollouts(run_dir: Path, query: str) -> str:
     return proc.stdout + proc.stderr
 
 
+def _pop_option(argv: list[str], flag: str, default: str) -> str:
+    """The example's own options (not vime flags): read and removed from `argv`."""
+    if flag not in argv:
+        return default
+    i = argv.index(flag)
+    value = argv[i + 1]
+    del argv[i:i + 2]
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     configure_logging(level="WARNING")
     argv = list(sys.argv[1:] if argv is None else argv)
-    count = 4
-    if "--tasks" in argv:
-        i = argv.index("--tasks")
-        count = int(argv[i + 1])
-        del argv[i:i + 2]
+    count = int(_pop_option(argv, "--tasks", "4"))
+    sft_steps = int(_pop_option(argv, "--sft-steps", "120"))
     run_dir = Path(argv[argv.index("--run-dir") + 1]) if "--run-dir" in argv else \
         Path("runs") / time.strftime("coding-agent-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
     from vime.testing.tiny_model import tiny_model_dir
 
     tasks = load_tasks()
-    model = sft(run_dir, str(tiny_model_dir()), tasks[:count])
+    model = sft(run_dir, str(tiny_model_dir()), tasks[:count], sft_steps)
     write_prompts(tasks[:count], run_dir / "prompts.jsonl")
     args = parse_args(rl_flags(run_dir, model, count) + argv)
     t0 = time.monotonic()

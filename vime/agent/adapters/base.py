@@ -157,7 +157,8 @@ class BaseAdapter:
         every rollout of a process can share one adapter."""
         async with self._start_lock:
             if self.url is None:
-                runner = web.AppRunner(self.app, access_log=None)
+                # a stopping worker must not wait a minute for a turn nobody will read
+                runner = web.AppRunner(self.app, access_log=None, shutdown_timeout=5.0)
                 await runner.setup()
                 await web.TCPSite(runner, host, port).start()
                 self._runner, self.url = runner, f"http://{host}:{runner.addresses[0][1]}"
