@@ -13,7 +13,6 @@ out (`vime.agent.fanout`) with the graded reward and writes the rollout once.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from temporalio import activity
 
 from activities.heartbeat import heartbeating
 from activities.sandbox import attach
-from vime.agent.adapters import AnthropicAdapter
+from vime.agent.coding.config import shared_adapter
 from vime.agent.coding.task import coding_task
 from vime.agent.fanout import trajectory_to_samples
 from vime.agent.recorder import TrajectoryRecorder
@@ -29,7 +28,6 @@ from vime.agent.sandbox.git import capture_diff, restore_diff
 from vime.errors import ConfigError
 from vime.log import get_logger
 from vime.rollout.data_source import make_data_source
-from vime.rollout.generate import router_url
 from vime.rollout.tokenization import get_tokenizer
 from vime.store import SampleStore
 from vime.types import RolloutRef, Sample
@@ -56,8 +54,6 @@ class CodingAgentActivities:
         self.args = args
         self.store = store
         self.data_source = make_data_source(args)
-        self._adapter: AnthropicAdapter | None = None
-        self._adapter_lock = asyncio.Lock()
 
     # ---- the task --------------------------------------------------------------------------
 
@@ -70,20 +66,6 @@ class CodingAgentActivities:
 
     # ---- the session -----------------------------------------------------------------------
 
-    async def adapter(self) -> AnthropicAdapter:
-        """One adapter per worker process, serving every session on a local port."""
-        async with self._adapter_lock:
-            if self._adapter is None:
-                tokenizer = get_tokenizer(self.args.hf_checkpoint)
-                self._adapter = AnthropicAdapter(tokenizer, router_url(self.args))
-                await self._adapter.start()
-        return self._adapter
-
-    async def close(self) -> None:
-        if self._adapter is not None:
-            await self._adapter.stop()
-            self._adapter = None
-
     @activity.defn(name="agent_session")
     async def agent_session(self, inp: SessionInput) -> SessionOutput:
         from activities.agent_session import run_session  # the harnesses import the anthropic SDK
@@ -95,7 +77,7 @@ class CodingAgentActivities:
             await restore_diff(sbx, restored.diff)
             log.info("agent.session.resume", rollout_id=inp.task.rollout_id, after_turn=restored.next_turn - 1,
                      attempt=activity.info().attempt)
-        adapter = await self.adapter()
+        adapter = await shared_adapter(self.args)
 
         async def checkpoint(chains, agent_state: dict) -> None:
             info = activity.info()

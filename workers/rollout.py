@@ -15,6 +15,7 @@ from temporalio.worker import Worker
 from activities.coding_agent import CodingAgentActivities
 from activities.rollout import RolloutActivities
 from activities.sandbox import SandboxActivities
+from vime.agent.coding.config import close_shared_adapters
 from vime.agent.sandbox.bwrap import reap_stale_workdirs
 from vime.args import parse_args_or_exit
 from vime.rollout.generate import close_engine_clients
@@ -33,11 +34,11 @@ async def serve(args) -> None:
     with SampleStore.open(args.store_url) as store:
         acts = RolloutActivities(args, store)
         activities = [acts.generate_group, acts.generate_rollout_step]
-        agent = sandboxes = None
+        sandboxes = None
         workers = []
         if args.rollout_workflow == "CodingAgentRolloutWorkflow":  # agent sessions + the sandbox queue
-            agent, sandboxes = CodingAgentActivities(args, store), SandboxActivities(args, store)
-            activities += agent.all()
+            sandboxes = SandboxActivities(args, store)
+            activities += CodingAgentActivities(args, store).all()
             if args.sandbox_backend == "bwrap":  # workdirs of workers killed with SIGKILL
                 reap_stale_workdirs()
             workers.append(Worker(client, task_queue=args.sandbox_task_queue, activities=sandboxes.all(),
@@ -50,8 +51,7 @@ async def serve(args) -> None:
         finally:  # each step bounded: a stopping worker must exit, and its sandboxes go first
             if sandboxes is not None:
                 await asyncio.wait_for(sandboxes.destroy_booted(), 60)
-            if agent is not None:
-                await asyncio.wait_for(agent.close(), 15)
+            await asyncio.wait_for(close_shared_adapters(), 15)  # agent sessions and the generate hook
             await asyncio.wait_for(close_engine_clients(), 15)
 
 

@@ -1,13 +1,15 @@
 """From the `--agent-*`, `--sandbox-*` and `--rollout-*` flags to what a coding session needs.
 
 One place, so the durable workflow's activities and the `generate` hook run the same agent
-with the same sampling in the same kind of sandbox.
+with the same sampling in the same kind of sandbox, through the same process-wide adapter.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
+from vime.agent.adapters import AnthropicAdapter
 from vime.agent.coding.agent import AgentConfig
 
 
@@ -40,3 +42,27 @@ def sandbox_options(args: Any, repo_dir: str | None = None) -> dict[str, Any]:
     if repo_dir is not None:
         options["repo_dir"] = repo_dir
     return options
+
+
+_adapters: dict[asyncio.AbstractEventLoop, AnthropicAdapter] = {}
+
+
+async def shared_adapter(args: Any) -> AnthropicAdapter:
+    """The process's adapter (one per event loop) in front of `--vllm-router-ip/port`, started:
+    every agent session of a worker goes through it, on one local port."""
+    from vime.rollout.generate import router_url
+    from vime.rollout.tokenization import get_tokenizer
+
+    loop = asyncio.get_running_loop()
+    if loop not in _adapters:
+        _adapters[loop] = AnthropicAdapter(get_tokenizer(args.hf_checkpoint), router_url(args))
+    adapter = _adapters[loop]
+    await adapter.start()
+    return adapter
+
+
+async def close_shared_adapters() -> None:
+    """Stop this event loop's adapter (a stopping worker)."""
+    adapter = _adapters.pop(asyncio.get_running_loop(), None)
+    if adapter is not None:
+        await adapter.stop()

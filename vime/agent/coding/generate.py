@@ -14,40 +14,24 @@ breaks is raised as `SandboxError`, which the rollout group records as an infra 
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
 
-from vime.agent.adapters import AnthropicAdapter
 from vime.agent.coding.agent import run_coding_agent
-from vime.agent.coding.config import agent_config, sampling_defaults, sandbox_options
+from vime.agent.coding.config import agent_config, sampling_defaults, sandbox_options, shared_adapter
 from vime.agent.coding.grading import grade_in_sandbox, task_test_files
 from vime.agent.coding.task import coding_task
 from vime.agent.fanout import trajectory_to_samples
 from vime.agent.sandbox import make_sandbox
 from vime.agent.sandbox.git import capture_diff, init_base
-from vime.rollout.generate import fail, router_url
-from vime.rollout.tokenization import get_tokenizer
+from vime.rollout.generate import fail
 from vime.types import Sample
-
-_adapters: dict[asyncio.AbstractEventLoop, AnthropicAdapter] = {}
-
-
-async def _adapter(args: Any) -> AnthropicAdapter:
-    """One adapter per event loop, serving every session of the process on a local port."""
-    loop = asyncio.get_running_loop()
-    if loop not in _adapters:
-        _adapters[loop] = AnthropicAdapter(get_tokenizer(args.hf_checkpoint), router_url(args))
-    adapter = _adapters[loop]
-    await adapter.start()
-    return adapter
-
 
 async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any],
                    evaluation: bool = False) -> list[Sample]:
     task = coding_task(sample, Path(args.prompt_data or ".").resolve().parent)
-    adapter = await _adapter(args)
+    adapter = await shared_adapter(args)
     defaults = {**sampling_defaults(args), **{k: v for k, v in sampling_params.items() if k in ("temperature", "top_p", "top_k", "seed")}}
     async with make_sandbox(args.sandbox_backend, **sandbox_options(args, task.repo_dir)) as sbx:
         await init_base(sbx)
