@@ -64,6 +64,23 @@ class TemporalService:
     dev_server: TemporalDevServer | None = None
 
 
+async def _start_dev_server(run_dir: str | Path, namespace: str, headless: bool,
+                            attempts: int = 3) -> tuple[TemporalDevServer, Client]:
+    """A dev server on free ports, connected. Another process can take a "free" port between the
+    pick and the server's bind, and then answers the readiness probe in its place: a connect
+    that fails is retried on a fresh server with fresh ports."""
+    for attempt in range(attempts):
+        dev = TemporalDevServer(run_dir, namespace=namespace, headless=headless)
+        try:
+            await asyncio.to_thread(dev.start)
+            return dev, await connect(dev.address, namespace)
+        except ServiceError:
+            await asyncio.to_thread(dev.stop)
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 @contextlib.asynccontextmanager
 async def temporal_service(
     address: str | None, *, run_dir: str | Path, namespace: str = "default", headless: bool = False
@@ -71,11 +88,11 @@ async def temporal_service(
     """Yield a connected `TemporalService`; start (and finally stop) a dev server if no address."""
     dev: TemporalDevServer | None = None
     if address is None:
-        dev = TemporalDevServer(run_dir, namespace=namespace, headless=headless)
-        await asyncio.to_thread(dev.start)
+        dev, client = await _start_dev_server(run_dir, namespace, headless)
         address = dev.address
     try:
-        client = await connect(address, namespace)
+        if dev is None:
+            client = await connect(address, namespace)
         if dev is None:
             await ensure_search_attributes(client, namespace)
         yield TemporalService(client, address, dev.ui_url if dev else None, dev)
