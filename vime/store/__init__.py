@@ -3,10 +3,26 @@
 `SampleStore.open(run_dir_or_url)` gives a store on SQLite (`<run_dir>/vime.db`) or any
 SQLAlchemy URL, migrated to the current schema. Modules: `models` (tables), `codec` (binary
 per-token columns), `rows` (Sample <-> columns), `engine` (URL, SQLite settings, write
-transactions), `migrate` (Alembic upgrade on open), `store` (the API).
+transactions, waiting out a locked database), `migrate` (Alembic upgrade on open), `store`
+(the API). Async activities call it off their event loop with `activities.store_calls.store_call`.
 """
 
-from vime.store.errors import AlreadyTrainedError, MissingSampleError, StoreError
-from vime.store.store import SampleStore, Turn
+from vime.store.errors import (
+    AlreadyTrainedError,
+    MissingManifestError,
+    MissingSampleError,
+    StoreError,
+    StoreLockedError,
+)
+from vime.store.store import SampleStore, StepManifest, Turn
 
-__all__ = ["AlreadyTrainedError", "MissingSampleError", "SampleStore", "StoreError", "Turn"]
+__all__ = [
+    "AlreadyTrainedError",
+    "MissingManifestError",
+    "MissingSampleError",
+    "SampleStore",
+    "StepManifest",
+    "StoreError",
+    "StoreLockedError",
+    "Turn",
+]

@@ -15,3 +15,11 @@ class MissingSampleError(StoreError, LookupError):
 
 class AlreadyTrainedError(StoreError):
     """A sample already consumed at another train step: using it again would train it twice."""
+
+
+class MissingManifestError(StoreError, LookupError):
+    """A train step with no recorded manifest (`write_step_manifest` was not called for it)."""
+
+
+class StoreLockedError(StoreError):
+    """The database stayed locked (SQLite: another process holding its write lock) past the wait allowed."""

@@ -8,7 +8,9 @@ Invariant: after `upgrade_to_head` returns, the database is at `head_revision()`
 idempotent, and safe when several processes open a fresh database at once: on SQLite the
 upgrade runs in one `BEGIN IMMEDIATE` transaction (the second process waits, then finds the
 schema at head); on Postgres it takes a transaction-scoped advisory lock; on anything else a
-failed concurrent upgrade is accepted when the database ends up at head.
+failed concurrent upgrade is accepted when the database ends up at head. A database at an
+older revision (a run directory from an earlier vime) is upgraded the same way, keeping its
+data; while it is locked by another process the upgrade waits (`run_write`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from vime.errors import ConfigError
-from vime.store.engine import shown, write_transaction
+from vime.store.engine import DEFAULT_LOCK_WAIT_S, run_read, run_write, shown
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _PG_LOCK_ID = 0x76696D65  # "vime"
@@ -51,25 +53,27 @@ def current_revision(connection: Connection) -> str | None:
     return MigrationContext.configure(connection).get_current_revision()
 
 
-def upgrade_to_head(engine: Engine) -> None:
+def upgrade_to_head(engine: Engine, *, lock_wait_s: float = DEFAULT_LOCK_WAIT_S) -> None:
     head = head_revision()
-    if _revision(engine) == head:
+    if _revision(engine, lock_wait_s) == head:
         return
+
+    def upgrade(connection: Connection) -> None:
+        if connection.dialect.name == "postgresql":
+            connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_LOCK_ID})")
+        command.upgrade(alembic_config(connection), "head")
+
     try:
-        with write_transaction(engine) as connection:
-            if connection.dialect.name == "postgresql":
-                connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({_PG_LOCK_ID})")
-            command.upgrade(alembic_config(connection), "head")
+        run_write(engine, upgrade, lock_wait_s=lock_wait_s)
     except CommandError as exc:
         raise ConfigError(
             f"store {shown(engine.url)!r} cannot be migrated ({exc}); if another (newer) vime "
             f"created it, upgrade vime, or open a fresh run directory"
         ) from None
     except DBAPIError:
-        if _revision(engine) != head:
+        if _revision(engine, lock_wait_s) != head:
             raise
 
 
-def _revision(engine: Engine) -> str | None:
-    with engine.connect() as connection:
-        return current_revision(connection)
+def _revision(engine: Engine, lock_wait_s: float) -> str | None:
+    return run_read(engine, current_revision, lock_wait_s=lock_wait_s)

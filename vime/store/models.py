@@ -1,4 +1,4 @@
-"""Tables of the sample store: runs, samples, trajectory turns.
+"""Tables of the sample store: runs, samples, trajectory turns, step manifests.
 
 The schema is owned by the Alembic migrations in `vime/store/migrations/versions/`; these
 models must describe exactly what the migrations build (tests/test_store.py compares them).
@@ -132,3 +132,27 @@ class TurnRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     __table_args__ = (UniqueConstraint("run_id", "rollout_id", "turn"),)
+
+
+class StepManifestRow(Base):
+    """What train step `step` of a run trains on: its rollouts, in order, recorded once.
+
+    The training workflow passes only (run_id, step); the trainer reads the step's samples
+    through this row. Invariants: (run_id, step) is unique; a row is never changed once
+    written (the first write wins), so a retried or replayed step trains on the same samples;
+    every id in `rollout_ids` named a rollout stored for the run when the row was written.
+    `rollout_ids` is a JSON list of str; `weight_version` is the policy version the rollouts
+    were started under; `meta` is small JSON (groups, samples, filter counts).
+    """
+
+    __tablename__ = "step_manifests"
+
+    id: Mapped[int] = mapped_column(RowId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(RUN_ID_LENGTH), ForeignKey("runs.run_id"))
+    step: Mapped[int] = mapped_column(Integer)
+    rollout_ids: Mapped[list[str]] = mapped_column(JSON)
+    weight_version: Mapped[int] = mapped_column(Integer)
+    meta: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (UniqueConstraint("run_id", "step"),)

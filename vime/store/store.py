@@ -10,10 +10,16 @@ here. Every write is idempotent, because Temporal retries activities:
   no-op, another step raises `AlreadyTrainedError`.
 - `append_turn`: a turn is stored once; turns are 0, 1, 2, ... without gaps, so a retried
   agent rollout resumes at `last_turn() + 1`.
+- `write_step_manifest`: a train step's content (its rollout ids, in order) is recorded once;
+  the first write wins, so a retried or replayed step trains on the same samples, and the
+  training workflow passes only (run_id, step) however large the batch.
 
 Bad input (`SampleError`, a `ConfigError`) is rejected before any transaction starts. A run must
 exist (`ensure_run`) before anything is written under it, so a mistyped run id fails loudly.
-One `SampleStore` per process; it is safe to share between threads.
+A locked SQLite store is waited out (see `vime.store.engine`): a write blocked by another
+process's lock finishes once the lock is released, up to `lock_wait_s`.
+One `SampleStore` per process; it is safe to share between threads. Its calls block: from
+async code use `vime.store.aio.AsyncSampleStore`.
 """
 
 from __future__ import annotations
@@ -29,10 +35,18 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from vime.errors import ConfigError
 from vime.store import codec
-from vime.store.engine import make_engine, resolve_url, shown, write_transaction
-from vime.store.errors import AlreadyTrainedError, MissingSampleError, StoreError
+from vime.store.engine import (
+    DEFAULT_BUSY_TIMEOUT_S,
+    DEFAULT_LOCK_WAIT_S,
+    make_engine,
+    resolve_url,
+    run_read,
+    run_write,
+    shown,
+)
+from vime.store.errors import AlreadyTrainedError, MissingManifestError, MissingSampleError, StoreError
 from vime.store.migrate import upgrade_to_head
-from vime.store.models import RUN_ID_LENGTH, RunRow, SampleRow, TurnRow, utcnow
+from vime.store.models import RUN_ID_LENGTH, RunRow, SampleRow, StepManifestRow, TurnRow, utcnow
 from vime.store.rows import (
     REF_COLUMNS,
     SAMPLE_COLUMNS,
@@ -65,26 +79,53 @@ class Turn:
     meta: dict[str, Any]
 
 
+@dataclass(frozen=True)
+class StepManifest:
+    """What train step `step` of run `run_id` trains on, as recorded by `write_step_manifest`.
+
+    `rollout_ids` are in training order (each stands for all its siblings); `weight_version`
+    is the policy version the rollouts were started under; `meta` is a small JSON summary
+    (groups, samples, filter counts). Never changes once stored.
+    """
+
+    run_id: str
+    step: int
+    rollout_ids: list[str]
+    weight_version: int
+    meta: dict[str, Any]
+
+
 class SampleStore:
     """Samples and trajectory turns of training runs, in SQLite (default) or any SQL database."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, lock_wait_s: float = DEFAULT_LOCK_WAIT_S) -> None:
         """Wrap an engine whose schema is already at head; `SampleStore.open` is the usual way in."""
         self._engine = engine
+        self._lock_wait_s = _check_seconds("lock_wait_s", lock_wait_s)
         self._known_runs: set[str] = set()
         self._closed = False
 
     @classmethod
-    def open(cls, target: str | os.PathLike[str], *, busy_timeout_s: float = 30.0) -> SampleStore:
+    def open(
+        cls,
+        target: str | os.PathLike[str],
+        *,
+        busy_timeout_s: float = DEFAULT_BUSY_TIMEOUT_S,
+        lock_wait_s: float = DEFAULT_LOCK_WAIT_S,
+    ) -> SampleStore:
         """Open (creating and migrating as needed) the store at a run directory or SQLAlchemy URL.
 
-        A directory means `sqlite:///<dir>/vime.db`. `busy_timeout_s` is how long an SQLite
-        writer waits for another process's write lock before failing.
+        A directory means `sqlite:///<dir>/vime.db`. SQLite only: `busy_timeout_s` is how long
+        one statement waits for another process's lock before SQLite reports it locked;
+        `lock_wait_s` is how long a transaction keeps being retried after that (from its first
+        try) before `StoreLockedError`. The defaults (300 s, 600 s) outlast a lock held for
+        minutes; a write still fails when a lock outlives both.
         """
+        _check_seconds("lock_wait_s", lock_wait_s)
         url = resolve_url(target)
         engine = make_engine(url, busy_timeout_s=busy_timeout_s)
         try:
-            upgrade_to_head(engine)
+            upgrade_to_head(engine, lock_wait_s=lock_wait_s)
         except DBAPIError as exc:
             engine.dispose()
             raise ConfigError(
@@ -95,7 +136,7 @@ class SampleStore:
         except BaseException:
             engine.dispose()
             raise
-        return cls(engine)
+        return cls(engine, lock_wait_s=lock_wait_s)
 
     @property
     def url(self) -> str:
@@ -132,16 +173,15 @@ class SampleStore:
         run_id = _check_run_id(run_id)
         config_json = None if config is None else check_json("run config", dict(config))
 
-        def attempt() -> dict[str, Any] | None:
-            with write_transaction(self._live()) as conn:
-                stored = conn.execute(select(RunRow.config).where(RunRow.run_id == run_id)).first()
-                if stored is not None:
-                    return stored.config
-                row = {"run_id": run_id, "config": config_json, "created_at": utcnow()}
-                conn.execute(insert(RunRow.__table__), row)
-                return config_json
+        def work(conn: Connection) -> dict[str, Any] | None:
+            stored = conn.execute(select(RunRow.config).where(RunRow.run_id == run_id)).first()
+            if stored is not None:
+                return stored.config
+            row = {"run_id": run_id, "config": config_json, "created_at": utcnow()}
+            conn.execute(insert(RunRow.__table__), row)
+            return config_json
 
-        stored_config = _retry_on_conflict(attempt)
+        stored_config = self._write(work)
         self._known_runs.add(run_id)
         return stored_config
 
@@ -172,17 +212,16 @@ class SampleStore:
         self._require_run(run_id)
         now = utcnow()
 
-        def attempt() -> dict[str, list[SampleRef]]:
-            with write_transaction(self._live()) as conn:
-                stored = _stored_refs(conn, run_id, list(encoded))
-                new_rows = [row for rid, rows in encoded.items() if rid not in stored for row in rows]
-                for row in new_rows:
-                    row["created_at"] = now
-                if new_rows:
-                    conn.execute(insert(SampleRow.__table__), new_rows)
+        def work(conn: Connection) -> dict[str, list[SampleRef]]:
+            stored = _stored_refs(conn, run_id, list(encoded))
+            new_rows = [row for rid, rows in encoded.items() if rid not in stored for row in rows]
+            for row in new_rows:
+                row["created_at"] = now
+            if new_rows:
+                conn.execute(insert(SampleRow.__table__), new_rows)
             return stored
 
-        stored = _retry_on_conflict(attempt)
+        stored = self._write(work)
         return {
             rid: stored.get(rid) or [row_to_ref(run_id, row) for row in rows] for rid, rows in encoded.items()
         }
@@ -190,18 +229,21 @@ class SampleStore:
     def rollout_refs(self, run_id: str, rollout_id: str | int) -> list[SampleRef]:
         """Refs of a stored rollout's siblings in order; `[]` when it is not stored."""
         rollout_id = check_rollout_id(rollout_id)
-        with self._live().connect() as conn:
-            return _stored_refs(conn, run_id, [rollout_id]).get(rollout_id, [])
+        return self._read(lambda conn: _stored_refs(conn, run_id, [rollout_id])).get(rollout_id, [])
 
     def read_samples(self, run_id: str, keys: Iterable[str | SampleRef]) -> list[Sample]:
         """The samples under `keys` (or refs), in the order asked; raises `MissingSampleError`."""
         wanted = [_key(run_id, k) for k in keys]
-        found: dict[str, Sample] = {}
-        with self._live().connect() as conn:
+
+        def work(conn: Connection) -> dict[str, Sample]:
+            found: dict[str, Sample] = {}
             for chunk in _chunks(list(dict.fromkeys(wanted))):
                 query = _select_samples().where(SampleRow.run_id == run_id, SampleRow.key.in_(chunk))
                 for row in conn.execute(query).mappings():
                     found[row["key"]] = row_to_sample(row)
+            return found
+
+        found = self._read(work)
         missing = [k for k in dict.fromkeys(wanted) if k not in found]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -219,13 +261,12 @@ class SampleStore:
     def read_rollout(self, run_id: str, rollout_id: str | int) -> list[Sample]:
         """The siblings of one rollout in order; raises `MissingSampleError` if it is not stored."""
         rollout_id = check_rollout_id(rollout_id)
-        with self._live().connect() as conn:
-            query = (
-                _select_samples()
-                .where(SampleRow.run_id == run_id, SampleRow.rollout_id == rollout_id)
-                .order_by(SampleRow.sibling)
-            )
-            samples = [row_to_sample(row) for row in conn.execute(query).mappings()]
+        query = (
+            _select_samples()
+            .where(SampleRow.run_id == run_id, SampleRow.rollout_id == rollout_id)
+            .order_by(SampleRow.sibling)
+        )
+        samples = self._read(lambda conn: [row_to_sample(row) for row in conn.execute(query).mappings()])
         if not samples:
             raise MissingSampleError(f"run {run_id!r} has no rollout {rollout_id!r} in store {self.url!r}")
         return samples
@@ -255,8 +296,7 @@ class SampleStore:
                 .order_by(SampleRow.id)
                 .limit(batch_size)
             )
-            with self._live().connect() as conn:
-                rows = conn.execute(query).mappings().all()
+            rows = self._read(lambda conn, query=query: conn.execute(query).mappings().all())
             for row in rows:
                 yield row_to_ref(run_id, row), row_to_sample(row)
             if len(rows) < batch_size:
@@ -273,8 +313,7 @@ class SampleStore:
     ) -> int:
         """How many samples of the run match the filters (same filters as `iter_samples`)."""
         query = select(func.count()).select_from(SampleRow).where(*_filters(run_id, status, untrained, rollout_id))
-        with self._live().connect() as conn:
-            return int(conn.execute(query).scalar_one())
+        return int(self._read(lambda conn: conn.execute(query).scalar_one()))
 
     def mark_trained(self, run_id: str, keys: Iterable[str | SampleRef], step: int) -> int:
         """Record that train step `step` consumed these samples; return how many were newly marked.
@@ -283,39 +322,153 @@ class SampleStore:
         different step raises `AlreadyTrainedError` and nothing is marked: that batch would
         train a sample twice.
         """
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ConfigError(f"mark_trained: step {step!r} must be an int >= 0")
+        _check_step("mark_trained", step)
         wanted = list(dict.fromkeys(_key(run_id, k) for k in keys))
-        with write_transaction(self._live()) as conn:
-            marked: dict[str, int | None] = {}
-            for chunk in _chunks(wanted):
-                query = select(SampleRow.key, SampleRow.trained_step).where(
-                    SampleRow.run_id == run_id, SampleRow.key.in_(chunk)
+        return self._write(lambda conn: _mark_trained(conn, run_id, wanted, step))
+
+    def trained_counts(self, run_id: str) -> dict[int, int]:
+        """How many samples each train step consumed (`mark_trained`), by step, ascending.
+
+        Steps that marked nothing are absent; `{}` for a run with nothing trained yet.
+        """
+        query = (
+            select(SampleRow.trained_step, func.count())
+            .where(SampleRow.run_id == run_id, SampleRow.trained_step.is_not(None))
+            .group_by(SampleRow.trained_step)
+            .order_by(SampleRow.trained_step)
+        )
+        return self._read(lambda conn: {int(step): int(count) for step, count in conn.execute(query)})
+
+    # ---- step manifests -------------------------------------------------------------------
+
+    def write_step_manifest(
+        self,
+        run_id: str,
+        step: int,
+        rollout_ids: Sequence[str | int],
+        *,
+        weight_version: int = 0,
+        meta: Mapping[str, Any] | None = None,
+    ) -> StepManifest:
+        """Record what train step `step` trains on: these rollouts (all their siblings), in order.
+
+        The first write wins: when the step already has a manifest (a retried or duplicated
+        write), that one is returned unchanged, even if this call names other rollouts; train
+        on what is returned. Otherwise every rollout id must be stored for the run
+        (`MissingSampleError` names the first that is not, and nothing is written). The check
+        and the insert are one transaction.
+        """
+        run_id = _check_run_id(run_id)
+        _check_step("write_step_manifest", step)
+        if isinstance(weight_version, bool) or not isinstance(weight_version, int) or weight_version < 0:
+            raise ConfigError(f"write_step_manifest: weight_version {weight_version!r} must be an int >= 0")
+        if isinstance(rollout_ids, str | bytes) or not isinstance(rollout_ids, Sequence):
+            raise ConfigError(
+                f"write_step_manifest: rollout_ids must be a list of rollout ids, got {rollout_ids!r:.80}"
+            )
+        if not rollout_ids:
+            raise ConfigError(
+                f"write_step_manifest: step {step} of run {run_id!r} has no rollouts; a step trains on at least one"
+            )
+        ids = [check_rollout_id(rid) for rid in rollout_ids]
+        seen: set[str] = set()
+        for rid in ids:
+            if rid in seen:
+                raise ConfigError(
+                    f"write_step_manifest: rollout {rid!r} appears twice in step {step}; a rollout is trained once"
                 )
-                for key, trained_step in conn.execute(query):
-                    marked[key] = trained_step
-            missing = [k for k in wanted if k not in marked]
+            seen.add(rid)
+        if meta is not None and not isinstance(meta, Mapping):
+            raise ConfigError(f"write_step_manifest: meta must be a dict (a small JSON summary), got {meta!r:.80}")
+        meta_json = check_json("step manifest meta", dict(meta or {}))
+        self._require_run(run_id)
+        now = utcnow()
+
+        def work(conn: Connection) -> StepManifest:
+            stored = _read_manifest(conn, run_id, step)
+            if stored is not None:
+                return stored
+            present: set[str] = set()
+            for chunk in _chunks(ids):
+                query = (
+                    select(SampleRow.rollout_id)
+                    .where(SampleRow.run_id == run_id, SampleRow.rollout_id.in_(chunk))
+                    .distinct()
+                )
+                present.update(conn.execute(query).scalars())
+            missing = [rid for rid in ids if rid not in present]
             if missing:
+                more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
                 raise MissingSampleError(
-                    f"mark_trained: run {run_id!r} has no sample {missing[0]!r}"
-                    + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+                    f"write_step_manifest: run {run_id!r} has no rollout {missing[0]!r}{more} for step {step} "
+                    f"in store {self.url!r}; write the rollouts (write_rollouts) before the step that trains on them"
                 )
-            twice = {k: s for k, s in marked.items() if s is not None and s != step}
-            if twice:
-                key, earlier = next(iter(twice.items()))
-                raise AlreadyTrainedError(
-                    f"mark_trained: sample {key!r} of run {run_id!r} was trained at step {earlier}; marking it "
-                    f"for step {step} would train it twice ({len(twice)} of the {len(wanted)} samples were trained "
-                    f"before); drop them from the batch, e.g. pick samples with iter_samples(untrained=True)"
+            row = {
+                "run_id": run_id,
+                "step": step,
+                "rollout_ids": ids,
+                "weight_version": weight_version,
+                "meta": meta_json,
+                "created_at": now,
+            }
+            conn.execute(insert(StepManifestRow.__table__), row)
+            written = _read_manifest(conn, run_id, step)  # as every later read will see it
+            assert written is not None
+            return written
+
+        return self._write(work)
+
+    def read_step_manifest(self, run_id: str, step: int) -> StepManifest | None:
+        """The manifest recorded for train step `step`, None when the step has none yet."""
+        _check_step("read_step_manifest", step)
+        return self._read(lambda conn: _read_manifest(conn, run_id, step))
+
+    def read_step_samples(self, run_id: str, step: int) -> list[Sample]:
+        """The samples train step `step` trains on: each manifest rollout's siblings, in manifest order.
+
+        Raises `MissingManifestError` when the step has no manifest. Manifest and samples are
+        read in one snapshot.
+        """
+        _check_step("read_step_samples", step)
+
+        def work(conn: Connection) -> list[Sample]:
+            manifest = self._require_manifest(conn, run_id, step)
+            by_rollout: dict[str, list[Sample]] = {}
+            for chunk in _chunks(manifest.rollout_ids):
+                query = (
+                    _select_samples()
+                    .where(SampleRow.run_id == run_id, SampleRow.rollout_id.in_(chunk))
+                    .order_by(SampleRow.rollout_id, SampleRow.sibling)
                 )
-            todo = [k for k in wanted if marked[k] is None]
-            for chunk in _chunks(todo):
-                conn.execute(
-                    update(SampleRow)
-                    .where(SampleRow.run_id == run_id, SampleRow.key.in_(chunk), SampleRow.trained_step.is_(None))
-                    .values(trained_step=step)
+                for row in conn.execute(query).mappings():
+                    by_rollout.setdefault(row["rollout_id"], []).append(row_to_sample(row))
+            missing = [rid for rid in manifest.rollout_ids if rid not in by_rollout]
+            if missing:  # only if rows were deleted behind the store's back
+                raise MissingSampleError(
+                    f"step {step} of run {run_id!r} names rollout {missing[0]!r}, which store {self.url!r} "
+                    f"no longer holds"
                 )
-        return len(todo)
+            return [sample for rid in manifest.rollout_ids for sample in by_rollout[rid]]
+
+        return self._read(work)
+
+    def mark_step_trained(self, run_id: str, step: int) -> int:
+        """`mark_trained` for every sample of step `step`'s manifest; return how many were newly marked.
+
+        Idempotent; `AlreadyTrainedError` (nothing marked) when a sample of the step was
+        trained at another step; `MissingManifestError` when the step has no manifest.
+        """
+        _check_step("mark_step_trained", step)
+
+        def work(conn: Connection) -> int:
+            manifest = self._require_manifest(conn, run_id, step)
+            keys: list[str] = []
+            for chunk in _chunks(manifest.rollout_ids):
+                query = select(SampleRow.key).where(SampleRow.run_id == run_id, SampleRow.rollout_id.in_(chunk))
+                keys.extend(conn.execute(query).scalars())
+            return _mark_trained(conn, run_id, keys, step)
+
+        return self._write(work)
 
     # ---- trajectory turns -----------------------------------------------------------------
 
@@ -339,24 +492,21 @@ class SampleStore:
         row = turn_row(run_id, rollout_id, turn, token_ids, loss_mask, log_probs, meta)
         row["created_at"] = utcnow()
         self._require_run(run_id)
-        try:
-            with write_transaction(self._live()) as conn:
-                last = _last_turn(conn, run_id, rollout_id)
-                if last is not None and turn <= last:
-                    return False
-                expected = 0 if last is None else last + 1
-                if turn != expected:
-                    raise StoreError(
-                        f"append_turn: turn {turn} of rollout {rollout_id!r} (run {run_id!r}) would leave a gap; "
-                        f"the next turn is {expected} (resume at last_turn() + 1)"
-                    )
-                conn.execute(insert(TurnRow.__table__), row)
-            return True
-        except IntegrityError:  # the same turn appended concurrently
-            last = self.last_turn(run_id, rollout_id)
+
+        def work(conn: Connection) -> bool:
+            last = _last_turn(conn, run_id, rollout_id)
             if last is not None and turn <= last:
                 return False
-            raise
+            expected = 0 if last is None else last + 1
+            if turn != expected:
+                raise StoreError(
+                    f"append_turn: turn {turn} of rollout {rollout_id!r} (run {run_id!r}) would leave a gap; "
+                    f"the next turn is {expected} (resume at last_turn() + 1)"
+                )
+            conn.execute(insert(TurnRow.__table__), row)
+            return True
+
+        return self._write(work)  # the same turn appended concurrently: the retry finds it stored
 
     def read_turns(self, run_id: str, rollout_id: str | int, *, start: int = 0) -> list[Turn]:
         """Stored turns of a rollout from `start` on, in order; `[]` when none are stored."""
@@ -366,8 +516,7 @@ class SampleStore:
             .where(TurnRow.run_id == run_id, TurnRow.rollout_id == rollout_id, TurnRow.turn >= start)
             .order_by(TurnRow.turn)
         )
-        with self._live().connect() as conn:
-            rows = conn.execute(query).mappings().all()
+        rows = self._read(lambda conn: conn.execute(query).mappings().all())
         return [
             Turn(
                 turn=row["turn"],
@@ -382,8 +531,7 @@ class SampleStore:
     def last_turn(self, run_id: str, rollout_id: str | int) -> int | None:
         """The highest stored turn of a rollout, None when it has none (start at turn 0)."""
         rollout_id = check_rollout_id(rollout_id)
-        with self._live().connect() as conn:
-            return _last_turn(conn, run_id, rollout_id)
+        return self._read(lambda conn: _last_turn(conn, run_id, rollout_id))
 
     # ---- internals ------------------------------------------------------------------------
 
@@ -392,11 +540,37 @@ class SampleStore:
             raise StoreError(f"store {self.url!r} is closed; open it again with SampleStore.open")
         return self._engine
 
+    def _write(self, work: Callable[[Connection], T]) -> T:
+        """`work(conn)` in one write transaction, retried while SQLite is locked (`run_write`).
+
+        Run again, too, when a concurrent writer inserted the same unique key first: the retry
+        sees the other writer's committed rows and so stores nothing twice.
+        """
+        for tries_left in reversed(range(_WRITE_ATTEMPTS)):
+            try:
+                return run_write(self._live(), work, lock_wait_s=self._lock_wait_s)
+            except IntegrityError:
+                if not tries_left:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _read(self, work: Callable[[Connection], T]) -> T:
+        """`work(conn)` in one read transaction (one snapshot), retried while SQLite is locked."""
+        return run_read(self._live(), work, lock_wait_s=self._lock_wait_s)
+
+    def _require_manifest(self, conn: Connection, run_id: str, step: int) -> StepManifest:
+        manifest = _read_manifest(conn, run_id, step)
+        if manifest is None:
+            raise MissingManifestError(
+                f"run {run_id!r} has no manifest for step {step} in store {self.url!r}; a step's rollouts are "
+                f"recorded with write_step_manifest({run_id!r}, {step}, rollout_ids) before it trains"
+            )
+        return manifest
+
     def _require_run(self, run_id: str) -> None:
         if run_id in self._known_runs:
             return
-        with self._live().connect() as conn:
-            exists = conn.execute(select(RunRow.run_id).where(RunRow.run_id == run_id)).first()
+        exists = self._read(lambda conn: conn.execute(select(RunRow.run_id).where(RunRow.run_id == run_id)).first())
         if exists is None:
             raise StoreError(
                 f"run {run_id!r} is not in store {self.url!r}; create it first with store.ensure_run({run_id!r})"
@@ -404,24 +578,21 @@ class SampleStore:
         self._known_runs.add(run_id)
 
 
-def _retry_on_conflict(attempt: Callable[[], T]) -> T:
-    """Run a write transaction again when a concurrent writer inserted the same unique key.
-
-    The retry sees the other writer's committed rows and so stores nothing twice.
-    """
-    for tries_left in reversed(range(_WRITE_ATTEMPTS)):
-        try:
-            return attempt()
-        except IntegrityError:
-            if not tries_left:
-                raise
-    raise AssertionError("unreachable")
-
-
 def _check_run_id(run_id: str) -> str:
     if not isinstance(run_id, str) or not run_id or len(run_id) > RUN_ID_LENGTH:
         raise ConfigError(f"run_id {run_id!r} must be a non-empty str of at most {RUN_ID_LENGTH} characters")
     return run_id
+
+
+def _check_step(what: str, step: int) -> None:
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ConfigError(f"{what}: step {step!r} must be an int >= 0")
+
+
+def _check_seconds(name: str, value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
+        raise ConfigError(f"store {name} {value!r} must be a number of seconds >= 0")
+    return value
 
 
 def _key(run_id: str, key: str | SampleRef) -> str:
@@ -467,6 +638,49 @@ def _filters(run_id: str, status: StatusFilter, untrained: bool, rollout_id: str
     if rollout_id is not None:
         where.append(SampleRow.rollout_id == check_rollout_id(rollout_id))
     return where
+
+
+def _mark_trained(conn: Connection, run_id: str, wanted: list[str], step: int) -> int:
+    """Set `trained_step = step` on samples `wanted` (distinct keys), all or none; see `mark_trained`."""
+    marked: dict[str, int | None] = {}
+    for chunk in _chunks(wanted):
+        query = select(SampleRow.key, SampleRow.trained_step).where(
+            SampleRow.run_id == run_id, SampleRow.key.in_(chunk)
+        )
+        for key, trained_step in conn.execute(query):
+            marked[key] = trained_step
+    missing = [k for k in wanted if k not in marked]
+    if missing:
+        raise MissingSampleError(
+            f"mark_trained: run {run_id!r} has no sample {missing[0]!r}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
+    twice = {k: s for k, s in marked.items() if s is not None and s != step}
+    if twice:
+        key, earlier = next(iter(twice.items()))
+        raise AlreadyTrainedError(
+            f"mark_trained: sample {key!r} of run {run_id!r} was trained at step {earlier}; marking it "
+            f"for step {step} would train it twice ({len(twice)} of the {len(wanted)} samples were trained "
+            f"before); drop them from the batch, e.g. pick samples with iter_samples(untrained=True)"
+        )
+    todo = [k for k in wanted if marked[k] is None]
+    for chunk in _chunks(todo):
+        conn.execute(
+            update(SampleRow)
+            .where(SampleRow.run_id == run_id, SampleRow.key.in_(chunk), SampleRow.trained_step.is_(None))
+            .values(trained_step=step)
+        )
+    return len(todo)
+
+
+def _read_manifest(conn: Connection, run_id: str, step: int) -> StepManifest | None:
+    query = select(
+        StepManifestRow.rollout_ids, StepManifestRow.weight_version, StepManifestRow.meta
+    ).where(StepManifestRow.run_id == run_id, StepManifestRow.step == step)
+    row = conn.execute(query).first()
+    if row is None:
+        return None
+    return StepManifest(run_id, step, list(row.rollout_ids), int(row.weight_version), dict(row.meta or {}))
 
 
 def _last_turn(conn: Connection, run_id: str, rollout_id: str) -> int | None:
