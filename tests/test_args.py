@@ -63,6 +63,8 @@ SLIME_DEFAULTS = {
     "save": None,
     "save_interval": None,
     "load": None,
+    "ref_load": None,
+    "n_samples_per_eval_prompt": 1,
     "seed": 1234,
     "lr": 1e-6,
     "clip_grad": 1.0,
@@ -77,6 +79,11 @@ SLIME_DEFAULTS = {
     "kl_loss_type": "k1",
     "entropy_coef": 0.0,
     "use_tis": False,
+    "tis_clip": 2.0,
+    "tis_clip_low": 0.0,
+    "eps_clip_c": None,
+    "normalize_advantages": False,
+    "disable_grpo_std_normalization": False,
     "loss_type": "policy_loss",
     "gradient_checkpointing": False,
     "max_tokens_per_gpu": None,
@@ -119,7 +126,7 @@ def test_slime_flags_parse_into_typed_attributes():
     assert (args.advantage_estimator, args.eps_clip, args.eps_clip_high) == ("gspo", 0.1, 0.1)
     assert (args.use_kl_loss, args.kl_loss_coef, args.kl_loss_type) == (True, 0.01, "low_var_kl")
     assert args.apply_chat_template_kwargs == {"enable_thinking": False}
-    assert args.grpo_std_normalization is False
+    assert args.disable_grpo_std_normalization is True
 
 
 def test_defaults_that_follow_other_flags():
@@ -158,10 +165,61 @@ def test_explicit_values_beat_derived_defaults():
         (["--vllm-router-port", "70000"], "--vllm-router-port must be a TCP port"),
         (["--apply-chat-template-kwargs", "{oops"], "--apply-chat-template-kwargs: invalid JSON '{oops'"),
         (["--rollout-batch-size"], "--rollout-batch-size: expected one argument"),
+        (["--n-samples-per-eval-prompt", "0"], "--n-samples-per-eval-prompt must be a positive integer, got 0"),
+        (["--eps-clip-c", "0.5"], "--eps-clip-c must be > 1"),
+        (["--tis-clip-low", "3"], "--tis-clip-low 3.0 / --tis-clip 2.0"),
+        (["--tis-clip-low", "-1"], "--tis-clip-low must be >= 0"),
     ],
 )
 def test_bad_values_name_the_flag(argv, expected):
     assert expected in error_of(argv)
+
+
+def test_slime_flags_vime_reads_are_real_flags():
+    args = parse_args(["--ref-load", "/models/ref", "--n-samples-per-eval-prompt", "4", "--eps-clip-c", "3",
+                       "--tis-clip-low", "0.5"])
+    assert (args.ref_load, args.n_samples_per_eval_prompt, args.eps_clip_c, args.tis_clip_low) == (
+        "/models/ref", 4, 3.0, 0.5)
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--kl-coef", "0.1"],
+         "--kl-coef 0.1 shapes the reward of the REINFORCE++ estimators; --advantage-estimator grpo ignores it"),
+        (["--kl-loss-coef", "0.1"], "--kl-loss-coef 0.1 has no effect without --use-kl-loss: add --use-kl-loss"),
+    ],
+)
+def test_algorithm_flags_that_would_be_ignored_are_refused(argv, expected):
+    assert expected in error_of(argv)
+
+
+TRAIN = ["--rollout-batch-size", "4", "--num-rollout", "10"]
+
+
+@pytest.mark.parametrize(
+    "estimator", ["grpo", "gspo", "reinforce_plus_plus_baseline"],
+)
+def test_a_group_estimator_with_one_sample_per_prompt_is_refused_saying_why(estimator):
+    message = error_of([*TRAIN, "--advantage-estimator", estimator, "--normalize-advantages"])
+    assert f"--advantage-estimator {estimator} compares the responses of one prompt" in message
+    assert "with --n-samples-per-prompt 1 every advantage is 0 and nothing trains" in message
+    assert "use --n-samples-per-prompt 2 or more, or --advantage-estimator reinforce_plus_plus" in message
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [*TRAIN, "--n-samples-per-prompt", "2"],
+        [*TRAIN, "--advantage-estimator", "reinforce_plus_plus", "--normalize-advantages"],
+        [*TRAIN, "--loss-type", "sft_loss"],
+        ["--rollout-batch-size", "4"],  # generating rollouts only (a script, evaluation): no advantages
+        ["--num-epoch", "1"],
+    ],
+    ids=["two-samples", "reinforce_plus_plus", "sft-loss", "generation-only", "no-rollout-batch"],
+)
+def test_one_sample_per_prompt_is_fine_where_nothing_compares_the_group(argv):
+    assert parse_args(argv).n_samples_per_prompt in (1, 2)
 
 
 def test_unknown_flag_is_named_with_the_closest_known_flag():

@@ -50,7 +50,7 @@ def test_a_malformed_vllm_flag_fails_at_parse_time_naming_it():
 
 def test_a_bad_plugin_path_fails_at_start_naming_path_and_module(tmp_path):
     line = one_error_line(vime("train", "--hf-checkpoint", str(tmp_path), "--prompt-data", "p.jsonl",
-                               "--rollout-batch-size", "1", "--num-rollout", "1",
+                               "--rollout-batch-size", "1", "--n-samples-per-prompt", "2", "--num-rollout", "1",
                                "--custom-rm-path", "no_such_pkg.rewards.score", "--run-dir", str(tmp_path / "r")))
     assert "--custom-rm-path" in line and "no_such_pkg.rewards.score" in line and "no_such_pkg" in line
 

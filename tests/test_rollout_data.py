@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import textwrap
 
@@ -226,3 +227,50 @@ def test_sampling_params_use_vllms_names_and_a_seed_per_sample(tmp_path):
     args.eval_temperature = 0.0
     assert sampling_params_from_args(args, evaluation=True)["temperature"] == 0.0
     assert "max_tokens" not in sampling_params_from_args(make_args(tmp_path))
+
+
+def test_records_are_read_as_they_are_consumed(tmp_path):
+    """A check of the first rows of a large file must not read the rest of it (nor trip on it)."""
+    from vime.rollout.dataset import read_records
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"input": "a"}\n{"input": "b"}\n{"input": "c"}\nnot json at all\n')
+    assert [r["input"] for _, r in itertools.islice(read_records(str(path)), 2)] == ["a", "b"]
+    assert [r["input"] for _, r in itertools.islice(read_records(f"{path}@[1:]"), 2)] == ["b", "c"]
+    with pytest.raises(ConfigError, match=r"p.jsonl:4: not valid JSON"):
+        next(read_records(f"{path}@[-3:]"))  # a bound from the end needs the whole file
+    headed = tmp_path / "headed.jsonl"
+    headed.write_text('a header, not JSON\n\n{"input": "x"}\n')
+    assert [(where, r) for where, r in read_records(f"{headed}@[1:]")] == [(f"{headed}:3", {"input": "x"})]
+    good = write_jsonl(tmp_path / "good.jsonl", [{"input": c} for c in "abcd"])
+    assert [r["input"] for _, r in read_records(f"{good}@[-3:-1]")] == ["b", "c"]
+
+
+def test_parquet_rows_stream_in_batches_with_file_row_numbers(tmp_path):
+    from vime.rollout.dataset import _read_parquet
+
+    path = write_parquet(tmp_path / "p.parquet", [{"input": str(i)} for i in range(5)])
+    rows = list(_read_parquet(path, "--prompt-data", batch_rows=2))
+    assert [(where.rsplit(" ", 1)[1], r["input"]) for where, r in rows] == [(str(i), str(i)) for i in range(5)]
+
+
+async def test_each_eval_prompt_is_sampled_n_samples_per_eval_prompt_times(tmp_path, monkeypatch):
+    from vime.rollout import vllm_rollout
+
+    (tmp_path / "eval_gen_hooks.py").write_text(textwrap.dedent("""
+        from vime.types import Sample
+
+        async def fake(args, sample, sampling_params):
+            sample.tokens = [1, 2, 3]
+            sample.append_response_tokens([4], [-0.1], text="r")
+            sample.status = Sample.Status.COMPLETED
+            return sample
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    write_jsonl(tmp_path / "a.jsonl", [{"input": "q0", "label": "r"}, {"input": "q1", "label": "r"}])
+    args = make_args(tmp_path, "--custom-generate-function-path", "eval_gen_hooks.fake", "--rm-type", "exact_match",
+                     "--label-key", "label", "--eval-prompt-data", "a", str(tmp_path / "a.jsonl"),
+                     "--n-samples-per-eval-prompt", "3")
+    groups = await vllm_rollout.eval_rollout(args, 0)
+    assert [len(g) for g in groups] == [3, 3]
+    assert sorted(s.rollout_id for g in groups for s in g) == [f"eval-a-{i}" for i in range(6)]

@@ -132,6 +132,7 @@ class VimeArgs:
     max_staleness: int = _rollout(0, "Weight versions a sample may lag the trainer by (0: on-policy).")
     eval_function_path: str | None = _rollout(None, "Eval rollout function (default: --rollout-function-path).")
     eval_interval: int | None = _rollout(None, "Evaluate every N rollout steps.")
+    n_samples_per_eval_prompt: int = _rollout(1, "Responses per eval prompt.")
 
     # reward
     custom_rm_path: str | None = _reward(None, "async rm(args, sample) -> float; with --group-rm samples -> list.")
@@ -165,25 +166,34 @@ class VimeArgs:
     advantage_estimator: str = _algorithm("grpo", "Advantage estimator.", choices=ADVANTAGE_ESTIMATORS)
     eps_clip: float = _algorithm(0.2, "PPO clip range.")
     eps_clip_high: float | None = _algorithm(None, "Upper clip range (default: --eps-clip).")
-    kl_coef: float = _algorithm(0.0, "KL penalty folded into the reward.")
-    use_kl_loss: bool = _algorithm(False, "Add a KL term to the loss.")
-    kl_loss_coef: float = _algorithm(0.0, "Weight of the KL loss term.")
+    eps_clip_c: float | None = _algorithm(
+        None, "Dual-clip: bound the loss of a negative advantage A by -A x this (> 1; default: off)."
+    )
+    kl_coef: float = _algorithm(
+        0.0, "KL penalty folded into the reward (REINFORCE++ estimators; for GRPO use --use-kl-loss)."
+    )
+    use_kl_loss: bool = _algorithm(False, "Add a KL-to-reference term to the loss (weight --kl-loss-coef).")
+    kl_loss_coef: float = _algorithm(0.0, "Weight of the KL loss term (with --use-kl-loss).")
     kl_loss_type: str = _algorithm("k1", "KL estimator.", choices=("k1", "k2", "k3", "low_var_kl"))
     entropy_coef: float = _algorithm(0.0, "Entropy bonus weight.")
     use_tis: bool = _algorithm(False, "Truncated importance sampling against rollout logprobs.")
-    tis_clip: float = _algorithm(2.0, "Upper clip of the TIS ratio.")
-    tis_clip_low: float = _algorithm(0.0, "Lower clip of the TIS ratio.")
+    tis_clip: float = _algorithm(2.0, "Upper clip of the TIS ratio (with --use-tis).")
+    tis_clip_low: float = _algorithm(0.0, "Lower clip of the TIS ratio (with --use-tis).")
     loss_type: str = _algorithm("policy_loss", "Loss.", choices=("policy_loss", "sft_loss"))
-    normalize_advantages: bool = _algorithm(False, "Whiten advantages over the batch.")
-    grpo_std_normalization: bool = _algorithm(
-        True, "Do not divide GRPO advantages by the group std (Dr. GRPO).",
-        flag="--disable-grpo-std-normalization", action="store_false",
+    normalize_advantages: bool = _algorithm(
+        False, "Whiten advantages over the rollout batch's loss tokens (required by the REINFORCE++ estimators)."
+    )
+    disable_grpo_std_normalization: bool = _algorithm(
+        False, "Do not divide GRPO/GSPO advantages by the group std (Dr. GRPO): advantage = reward - group mean."
     )
 
     # checkpoint
     save: str | None = _checkpoint(None, "Checkpoint directory.")
     save_interval: int | None = _checkpoint(None, "Save every N rollout steps.")
     load: str | None = _checkpoint(None, "Resume from this directory (default: --save).")
+    ref_load: str | None = _checkpoint(
+        None, "HF checkpoint of the reference model for the KL terms (default: --hf-checkpoint)."
+    )
 
     # orchestration
     run_id: str | None = _orchestration(
@@ -204,6 +214,10 @@ class VimeArgs:
         None, "vLLM servers to push weights to (default: the ones vime starts).", nargs="+"
     )
     store_url: str | None = _orchestration(None, "SQLAlchemy URL of the sample store (default: SQLite in run dir).")
+    continue_as_new_after_steps: int = _orchestration(
+        0, "Start a fresh training-workflow run (continue-as-new) every N steps, bounding its history "
+           "(0: when Temporal suggests it)."
+    )
 
     rollout_workflow: str = _orchestration(
         "RolloutWorkflow", "Workflow per prompt group, or CodingAgentRolloutWorkflow (one per agent rollout).",
@@ -225,6 +239,12 @@ class VimeArgs:
     vllm_router_ip: str | None = _vllm(None, "Host that generate functions call: the router, or the one server.")
     vllm_router_port: int | None = _vllm(None, "Port that generate functions call.")
     vllm_num_servers: int = _vllm(1, "vLLM servers to start.")
+    engine_progress_timeout: float = _vllm(
+        60.0, "Seconds a generate request may go without any answer from vLLM before it counts as an "
+              "infrastructure failure (the rollout is retried)."
+    )
+    engine_host: str = _vllm("127.0.0.1", "`vime engine`: the address the server listens on.")
+    engine_port: int = _vllm(8000, "`vime engine`: the port the server listens on.")
 
     # router
     router_policy: str = _router("cache_aware", "Routing policy; consistent_hash keeps a session on one server.")

@@ -18,11 +18,17 @@ _POSITIVE = (
     "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size", "global_batch_size",
     "micro_batch_size", "num_rollout", "num_epoch", "rollout_max_response_len", "rollout_max_prompt_len",
     "max_tokens_per_gpu", "save_interval", "eval_interval", "vllm_num_servers", "sft_num_steps",
+    "n_samples_per_eval_prompt",
 )
-_NON_NEGATIVE = ("max_staleness", "lr", "min_lr", "lr_warmup_iters", "weight_decay", "clip_grad", "eps_clip",
-                 "kl_coef", "kl_loss_coef", "entropy_coef")
-_HOOK_PATHS = ("rollout_function_path", "custom_generate_function_path", "dynamic_sampling_filter_path",
-               "buffer_filter_path", "eval_function_path", "custom_rm_path", "data_source_path")
+_NON_NEGATIVE = ("max_staleness", "continue_as_new_after_steps", "lr", "min_lr", "lr_warmup_iters", "weight_decay",
+                 "clip_grad", "eps_clip", "kl_coef", "kl_loss_coef", "entropy_coef", "tis_clip_low")
+HOOK_FLAGS = ("rollout_function_path", "custom_generate_function_path", "dynamic_sampling_filter_path",
+              "buffer_filter_path", "eval_function_path", "custom_rm_path", "data_source_path")
+"""The flags that name a user hook by dotted path (`VimeArgs` attribute names)."""
+
+# Estimators whose advantage compares the rollouts of one prompt (mirrors vime.train.advantages,
+# which imports torch; this module must stay light).
+GROUP_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
 
 
 def resolve(args: Any) -> None:
@@ -36,9 +42,11 @@ def resolve(args: Any) -> None:
     for name in _NON_NEGATIVE:
         if getattr(args, name) < 0:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    for name in _HOOK_PATHS:
+    for name in HOOK_FLAGS:
         if getattr(args, name) is not None:
             split_path(getattr(args, name), "--" + name.replace("_", "-"))
+    if args.engine_progress_timeout <= 0:
+        raise ConfigError(f"--engine-progress-timeout must be > 0 seconds, got {args.engine_progress_timeout}")
     if args.rollout_temperature <= 0:
         raise ConfigError(
             f"--rollout-temperature must be > 0, got {args.rollout_temperature} (0 is greedy decoding, not a policy)"
@@ -79,6 +87,7 @@ def resolve(args: Any) -> None:
         raise ConfigError(f"--sandbox-backend {args.sandbox_backend!r}: choose bwrap or e2b")
     if args.rm_type == "remote_rm" and not args.rm_url:
         raise ConfigError("--rm-type remote_rm needs --rm-url")
+    _check_loss_flags(args)
 
     if args.run_id is None:
         args.run_id = Path(args.run_dir).name if args.run_dir else time.strftime("run-%Y%m%d-%H%M%S")
@@ -92,3 +101,40 @@ def resolve(args: Any) -> None:
 
         args.vllm_config_data = read_vllm_config(args.vllm_config)
 
+
+def trains_on_rollouts(args: Any) -> bool:
+    """Whether the command line describes RL training on rollouts: a policy loss, a number of
+    prompts per rollout step and a length (`vime train` requires all three). A script that only
+    generates rollouts, or `vime sft`, does not."""
+    return (args.loss_type == "policy_loss" and args.rollout_batch_size is not None
+            and (args.num_rollout is not None or args.num_epoch is not None))
+
+
+def _check_loss_flags(args: Any) -> None:
+    """Refuse algorithm flags that would be silently ignored: each would train something other
+    than what the user asked for, and nothing in the metrics would say so."""
+    estimator = args.advantage_estimator
+    if args.eps_clip_c is not None and args.eps_clip_c <= 1:
+        raise ConfigError(f"--eps-clip-c must be > 1 (the dual-clip bound is -A x eps_clip_c), got {args.eps_clip_c}")
+    if args.eps_clip_high < 0:
+        raise ConfigError(f"--eps-clip-high must be >= 0, got {args.eps_clip_high}")
+    if args.tis_clip <= 0 or args.tis_clip_low > args.tis_clip:
+        raise ConfigError(
+            f"--tis-clip-low {args.tis_clip_low} / --tis-clip {args.tis_clip}: the TIS ratio is clipped to "
+            "[low, high], so --tis-clip must be > 0 and >= --tis-clip-low"
+        )
+    if args.kl_coef and estimator not in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
+        raise ConfigError(
+            f"--kl-coef {args.kl_coef} shapes the reward of the REINFORCE++ estimators; --advantage-estimator "
+            f"{estimator} ignores it (as slime's does): use --use-kl-loss --kl-loss-coef {args.kl_coef} instead"
+        )
+    if args.kl_loss_coef and not args.use_kl_loss:
+        raise ConfigError(
+            f"--kl-loss-coef {args.kl_loss_coef} has no effect without --use-kl-loss: add --use-kl-loss"
+        )
+    if trains_on_rollouts(args) and estimator in GROUP_ESTIMATORS and args.n_samples_per_prompt == 1:
+        raise ConfigError(
+            f"--advantage-estimator {estimator} compares the responses of one prompt; with "
+            "--n-samples-per-prompt 1 every advantage is 0 and nothing trains: use --n-samples-per-prompt 2 "
+            "or more, or --advantage-estimator reinforce_plus_plus --normalize-advantages"
+        )

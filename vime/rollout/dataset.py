@@ -7,10 +7,14 @@ One record is one prompt: `--input-key` holds a string or a list of chat message
 record found hours into a run costs the run.
 
 A path may end in `@[start:end]` to take a slice of the records (slime's generalized path).
+
+`check_prompt_file` runs the same per-record checks on the first rows only, so `vime train` can
+refuse a bad file before it starts any service (see `vime.preflight`).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -38,29 +42,43 @@ def split_slice(path: str) -> tuple[str, slice | None]:
 
 
 def read_records(path: str, flag: str = "--prompt-data") -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yield `(where, record)`: `where` is "file:line" (JSONL) or "file row N" (Parquet)."""
+    """Yield `(where, record)`: `where` is "file:line" (JSONL) or "file row N" (Parquet).
+
+    Records are read as they are consumed, so taking the first few of a large file reads only
+    the start of it; a slice with a negative bound (`@[-10:]`) reads the whole file first.
+    """
     real, row_slice = split_slice(path)
     p = Path(real)
+    if p.is_dir():
+        raise ConfigError(f"{flag} {real!r}: is a directory; point it at a .jsonl or .parquet file")
     if not p.is_file():
         raise ConfigError(f"{flag} {real!r}: no such file")
     suffix = p.suffix.lower()
-    if suffix in (".jsonl", ".json"):
-        rows = read_jsonl_objects(p, flag)
-    elif suffix == ".parquet":
-        rows = _read_parquet(p, flag)
-    else:
+    if suffix not in (".jsonl", ".json", ".parquet"):
         raise ConfigError(f"{flag} {real!r}: unsupported file type {suffix!r}; use .jsonl or .parquet")
-    if row_slice is not None:
-        rows = list(rows)[row_slice]
+    start, stop = (row_slice.start or 0, row_slice.stop) if row_slice is not None else (0, None)
+    if start < 0 or (stop is not None and stop < 0):  # counted from the end: needs every record
+        rows = read_jsonl_objects(p, flag) if suffix != ".parquet" else _read_parquet(p, flag)
+        yield from list(rows)[row_slice]
+        return
+    if suffix == ".parquet":
+        rows = itertools.islice(_read_parquet(p, flag), start, stop)
+    else:
+        rows = read_jsonl_objects(p, flag, skip=start)
+        rows = rows if stop is None else itertools.islice(rows, max(0, stop - start))
     yield from rows
 
 
-def read_jsonl_objects(path: Path, flag: str) -> Iterator[tuple[str, dict[str, Any]]]:
+def read_jsonl_objects(path: Path, flag: str, skip: int = 0) -> Iterator[tuple[str, dict[str, Any]]]:
     """`(where, record)` for each non-blank line of a JSONL file whose lines must be JSON objects;
-    `where` is `path:line` for error messages, and a bad line is a `ConfigError` naming `flag`."""
+    `where` is `path:line` for error messages, and a bad line is a `ConfigError` naming `flag`.
+    The first `skip` records are passed over unparsed (a slice `@[start:]` of a large file)."""
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
+                continue
+            if skip > 0:
+                skip -= 1
                 continue
             where = f"{path}:{lineno}"
             try:
@@ -72,17 +90,74 @@ def read_jsonl_objects(path: Path, flag: str) -> Iterator[tuple[str, dict[str, A
             yield where, record
 
 
-def _read_parquet(path: Path, flag: str) -> Iterator[tuple[str, dict[str, Any]]]:
+def _read_parquet(path: Path, flag: str, batch_rows: int = 1024) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Rows of a Parquet file, `batch_rows` at a time (row numbers count from 0)."""
     try:
         import pyarrow.parquet as pq
     except ImportError as exc:
         raise ConfigError(f"{flag} {str(path)!r}: reading Parquet needs pyarrow (pip install pyarrow)") from exc
+    def unreadable(exc: Exception) -> ConfigError:
+        return ConfigError(f"{flag} {str(path)!r}: not a readable Parquet file ({exc})")
+
     try:
-        table = pq.read_table(path)
+        batches = pq.ParquetFile(path).iter_batches(batch_size=batch_rows)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
-        raise ConfigError(f"{flag} {str(path)!r}: not a readable Parquet file ({exc})") from exc
-    for i, record in enumerate(table.to_pylist()):
-        yield f"{path} row {i}", record
+        raise unreadable(exc) from exc
+    i = 0
+    while True:
+        try:
+            batch = next(batches, None)
+        except Exception as exc:  # noqa: BLE001 - as above, for a file that breaks part way
+            raise unreadable(exc) from exc
+        if batch is None:
+            return
+        for record in batch.to_pylist():
+            yield f"{path} row {i}", record
+            i += 1
+
+
+def no_records_error(path: str, flag: str = "--prompt-data") -> ConfigError:
+    """The error for a prompt file that yields no record, saying why: an empty file, only blank
+    lines, a Parquet file without rows, or a slice that selects nothing."""
+    real, row_slice = split_slice(path)
+    p = Path(real)
+    if p.stat().st_size == 0:
+        why = "the file is empty"
+    elif row_slice is not None:
+        bounds = ["" if b is None else str(b) for b in (row_slice.start, row_slice.stop)]
+        why = f"the slice @[{bounds[0]}:{bounds[1]}] selects none of its records"
+    elif p.suffix.lower() == ".parquet":
+        why = "the Parquet file has no rows"
+    else:
+        why = "every line is blank"
+    return ConfigError(f"{flag} {real!r}: the file has no records ({why}); it needs one prompt per line or row")
+
+
+def check_prompt_file(
+    path: str,
+    *,
+    flag: str = "--prompt-data",
+    input_key: str = "input",
+    label_key: str | None = None,
+    metadata_key: str = "metadata",
+    tool_key: str | None = "tools",
+    limit: int = 100,
+) -> int:
+    """Check the first `limit` records of `path` as `PromptDataset` would read them; returns how
+    many were checked.
+
+    Raises the `ConfigError` the loader would raise for the first bad record (it names `flag`,
+    the file, the line or Parquet row, and the key), or `no_records_error`. Reads only the start
+    of the file and needs no tokenizer, so it is cheap on any file size.
+    """
+    checked = 0
+    for where, record in itertools.islice(read_records(path, flag), limit):
+        _record_to_sample(record, where, flag=flag, input_key=input_key, label_key=label_key,
+                          metadata_key=metadata_key, tool_key=tool_key)
+        checked += 1
+    if checked == 0:
+        raise no_records_error(path, flag)
+    return checked
 
 
 class PromptDataset:
@@ -139,7 +214,7 @@ class PromptDataset:
                     continue
             self.samples.append(sample)
         if seen == 0:
-            raise ConfigError(f"{flag} {path!r}: the file has no records")
+            raise no_records_error(path, flag)
         if not self.samples:
             raise ConfigError(
                 f"{flag} {path!r}: all {seen} prompts are longer than --rollout-max-prompt-len {max_prompt_len} "

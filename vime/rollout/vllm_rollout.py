@@ -37,7 +37,10 @@ from vime.types import Sample
 log = get_logger(__name__)
 
 MAX_GROUPS_FACTOR = 8
-"""At most this many times `--rollout-batch-size` groups are sampled for one rollout step."""
+"""At most this many times `--rollout-batch-size` groups are sampled for one rollout step.
+
+A safety bound against a filter that drops (nearly) everything, not a tuning knob: a run that
+keeps fewer than 1 group in 8 is better served by a warning (`rollout.short`) than by a flag."""
 
 _EVAL_DATASETS: dict[tuple, PromptDataset] = {}
 
@@ -61,7 +64,7 @@ async def generate_rollout(
     if not target:
         raise ConfigError("--rollout-batch-size is not set; it is the number of prompt groups per rollout step")
     over = getattr(args, "over_sampling_batch_size", None) or target
-    max_groups = int(getattr(args, "max_groups_factor", MAX_GROUPS_FACTOR)) * target
+    max_groups = MAX_GROUPS_FACTOR * target
 
     kept: list[list[Sample]] = []
     dropped: list[list[Sample]] = []
@@ -141,13 +144,13 @@ def _eval_dataset(args: Any, path: str) -> PromptDataset:
 
 
 async def eval_rollout(args: Any, rollout_id: int) -> list[list[Sample]]:
-    """Every prompt of every `--eval-prompt-data` set, once (or `args.n_samples_per_eval_prompt`
-    times), with evaluation sampling; samples carry `metadata["eval_set"]` and rollout ids
-    `eval-<set>-<index>`, apart from the training run's."""
+    """Every prompt of every `--eval-prompt-data` set, `--n-samples-per-eval-prompt` times (one
+    group per prompt), with evaluation sampling; samples carry `metadata["eval_set"]` and rollout
+    ids `eval-<set>-<index>`, apart from the training run's."""
     sets = eval_sets(args)
     if not sets:
         raise ConfigError("evaluation needs --eval-prompt-data (name path pairs)")
-    n = int(getattr(args, "n_samples_per_eval_prompt", 1) or 1)
+    n = args.n_samples_per_eval_prompt
     groups = []
     for name, path in sets:
         dataset = _eval_dataset(args, path)

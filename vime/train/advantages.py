@@ -14,14 +14,15 @@ Invariants of every estimator here:
   before the KL shaping).
 
 The plain function `compute_advantages` works on lists; `advantages_for_samples` adapts a
-`list[Sample]` to it.
+`list[Sample]` to it, and `advantages_from_config` takes the flags from an `AdvantageConfig`
+(built from `args` as `losses.LossConfig` is).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -167,6 +168,7 @@ def compute_advantages(
     kl: Sequence[torch.Tensor] | None = None,
     kl_coef: float = 0.0,
     normalize_std: bool = True,
+    normalize_advantages: bool = False,
     gamma: float = 1.0,
     eps: float = 1e-6,
 ) -> Advantages:
@@ -174,11 +176,15 @@ def compute_advantages(
 
     - `grpo` / `gspo`: the rollout's group-normalized reward on every masked token (GSPO differs
       only in the loss, which uses a sequence-level ratio). `normalize_std=False` is slime's
-      `--disable-grpo-std-normalization`; the other estimators ignore it.
+      `--disable-grpo-std-normalization`; the other estimators ignore it. `normalize_advantages`
+      (slime's `--normalize-advantages`) then whitens them over all masked tokens of the step.
     - `reinforce_plus_plus`: per token, -kl_coef * kl_t, plus the reward on the last masked token;
       returns are discounted sums (gamma=1 by default), then whitened over all masked tokens.
     - `reinforce_plus_plus_baseline`: (reward - group mean) - kl_coef * kl_t on every masked
       token, then whitened over all masked tokens.
+
+    The REINFORCE++ variants always whiten (`--normalize-advantages` is required for them), so
+    `normalize_advantages` changes only GRPO and GSPO.
 
     `kl` is a per-token KL to the reference (e.g. `losses.kl_divergence(old_logp, ref_logp, ...)`),
     only used by the REINFORCE++ variants. Whitening is over the whole step, so call this once per
@@ -212,6 +218,8 @@ def compute_advantages(
 
     if estimator in ("grpo", "gspo"):
         per_token = [m * a for m, a in zip(live, per_sample_scalar)]
+        if normalize_advantages:
+            per_token = masked_whiten(per_token, live)
     else:
         shaped = []
         for i, m in enumerate(live):
@@ -273,6 +281,7 @@ def advantages_for_samples(
     kl: Sequence[torch.Tensor] | None = None,
     kl_coef: float = 0.0,
     normalize_std: bool = True,
+    normalize_advantages: bool = False,
     gamma: float = 1.0,
 ) -> Advantages:
     """`compute_advantages` over Samples: rewards (optionally `reward[reward_key]`), `group_index`,
@@ -293,5 +302,48 @@ def advantages_for_samples(
         kl=kl,
         kl_coef=kl_coef,
         normalize_std=normalize_std,
+        normalize_advantages=normalize_advantages,
         gamma=gamma,
+    )
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """The advantage flags, under slime's attribute names, read from `args` in one place.
+
+    The trainer and the tests both build advantages through this, so a flag wired to the wrong
+    attribute shows up as a flag that changes nothing (tests/test_flag_math.py).
+    """
+
+    advantage_estimator: str = "grpo"
+    disable_grpo_std_normalization: bool = False
+    normalize_advantages: bool = False
+    kl_coef: float = 0.0
+    reward_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.advantage_estimator not in ESTIMATORS:
+            raise ConfigError(
+                f"--advantage-estimator {self.advantage_estimator!r} is not one of {', '.join(ESTIMATORS)}"
+            )
+
+    @classmethod
+    def from_args(cls, args: Any) -> AdvantageConfig:
+        """Build from `VimeArgs` or a slime-style namespace; flags it lacks keep their defaults."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+
+def advantages_from_config(
+    samples: Sequence[Sample], config: AdvantageConfig, *, kl: Sequence[torch.Tensor] | None = None
+) -> Advantages:
+    """`advantages_for_samples` with the flags of `config`; `kl` is the per-token KL to the reference
+    (used by the REINFORCE++ estimators when `config.kl_coef` is set)."""
+    return advantages_for_samples(
+        samples,
+        config.advantage_estimator,
+        reward_key=config.reward_key,
+        kl=kl,
+        kl_coef=config.kl_coef,
+        normalize_std=not config.disable_grpo_std_normalization,
+        normalize_advantages=config.normalize_advantages,
     )

@@ -41,6 +41,7 @@ class LossConfig:
     entropy_coef: float = 0.0
     use_tis: bool = False
     tis_clip: float = 2.0
+    tis_clip_low: float = 0.0
 
     def __post_init__(self) -> None:
         if self.loss_type not in LOSS_TYPES:
@@ -51,8 +52,10 @@ class LossConfig:
             raise ConfigError(f"--eps-clip {self.eps_clip} / --eps-clip-high {self.eps_clip_high} must be >= 0")
         if self.eps_clip_c is not None and self.eps_clip_c <= 1.0:
             raise ConfigError(f"--eps-clip-c {self.eps_clip_c} must be > 1 (dual-clip lower bound)")
-        if self.tis_clip <= 0:
-            raise ConfigError(f"--tis-clip {self.tis_clip} must be > 0")
+        if self.tis_clip <= 0 or not 0 <= self.tis_clip_low <= self.tis_clip:
+            raise ConfigError(
+                f"--tis-clip-low {self.tis_clip_low} / --tis-clip {self.tis_clip}: need 0 <= low <= high and high > 0"
+            )
 
     @classmethod
     def from_args(cls, args: Any) -> LossConfig:
@@ -213,13 +216,17 @@ def ppo_clip_loss(
     return loss, clip_flag
 
 
-def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, tis_clip: float = 2.0) -> torch.Tensor:
-    """Truncated importance sampling: min(pi_trainer / pi_vllm, C), detached.
+def tis_weights(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, tis_clip: float = 2.0, tis_clip_low: float = 0.0
+) -> torch.Tensor:
+    """Truncated importance sampling: clip(pi_trainer / pi_vllm, low, C), detached.
 
     Corrects for vLLM's sampler and the trainer disagreeing on the same weights; truncation at
-    C = --tis-clip bounds the variance.
+    C = --tis-clip bounds the variance, and --tis-clip-low (slime's, default 0: off) keeps a
+    token the trainer finds much less likely than vLLM did from vanishing from the gradient.
     """
-    return torch.exp(old_log_probs.detach().float() - rollout_log_probs.float()).clamp(max=tis_clip).detach()
+    ratio = torch.exp(old_log_probs.detach().float() - rollout_log_probs.float())
+    return ratio.clamp(min=tis_clip_low, max=tis_clip).detach()
 
 
 def sft_loss(log_probs: torch.Tensor) -> torch.Tensor:
@@ -284,10 +291,11 @@ def compute_loss(
     if config.use_tis:
         if rollout_log_probs is None:
             raise ConfigError("compute_loss: --use-tis needs rollout_log_probs (vLLM's logprobs)")
-        tis = tis_weights(old, rollout_log_probs, config.tis_clip)
+        tis = tis_weights(old, rollout_log_probs, config.tis_clip, config.tis_clip_low)
         pg = pg * tis
         metrics["tis"] = _wsum(tis, wm)
-        metrics["tis_clipfrac"] = _wsum((tis >= config.tis_clip).float(), wm)
+        clipped = (tis >= config.tis_clip) | ((tis <= config.tis_clip_low) & (config.tis_clip_low > 0))
+        metrics["tis_clipfrac"] = _wsum(clipped.float(), wm)
     per_token = pg
     metrics["pg_loss"] = _wsum(pg.detach(), wm)
     if config.use_kl_loss:

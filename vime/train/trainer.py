@@ -21,7 +21,7 @@ import torch
 from torch.distributed.fsdp import fully_shard
 
 from vime.train import distributed as dist_utils
-from vime.train.advantages import Advantages, advantages_for_samples
+from vime.train.advantages import AdvantageConfig, Advantages, advantages_from_config
 from vime.train.batching import TrainSample, group_rollouts, pack, plan_micro_batches, prepare_step, split_into_steps
 from vime.train.losses import LossConfig, compute_loss, entropy_from_logits, kl_divergence, token_logprobs
 from vime.types import Sample
@@ -82,13 +82,14 @@ class Trainer:
         self.model = load_causal_lm(self.model_path, self.device, self.dtype, trainable=True,
                                     gradient_checkpointing=args.gradient_checkpointing)
         needs_ref = args.use_kl_loss or args.kl_coef > 0
-        self.ref_model = (load_causal_lm(getattr(args, "ref_load", None) or args.hf_checkpoint, self.device,
+        self.ref_model = (load_causal_lm(args.ref_load or args.hf_checkpoint, self.device,
                                          self.dtype, trainable=False) if needs_ref else None)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
                                            weight_decay=args.weight_decay)
         total = (args.num_rollout or 1000) * max(1, self._optimizer_steps_per_rollout())
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(args, total))
         self.loss_config = LossConfig.from_args(args)
+        self.advantage_config = AdvantageConfig.from_args(args)
         self.temperature = args.rollout_temperature
         self.budget = args.max_tokens_per_gpu or DEFAULT_TOKEN_BUDGET
         self.step = 0  # rollout steps applied to these weights
@@ -157,9 +158,7 @@ class Trainer:
         if self.loss_config.loss_type == "sft_loss":  # SFT traces carry no rewards; the loss ignores advantages
             adv = Advantages([torch.zeros(s.response_length) for s in flat])
         else:
-            adv = advantages_for_samples(flat, args.advantage_estimator, reward_key=args.reward_key, kl=kl,
-                                         kl_coef=args.kl_coef,
-                                         normalize_std=not getattr(args, "disable_grpo_std_normalization", False))
+            adv = advantages_from_config(flat, self.advantage_config, kl=kl)
         by_id = {id(s): a for s, a in zip(flat, adv.per_token)}
         for items in shells:
             for item in items:

@@ -1,0 +1,118 @@
+"""What `vime train` checks before it starts anything (Temporal, vLLM, workers).
+
+Found later, a bad prompt file is a rollout worker crash-looping with the message in its log,
+and a missing checkpoint directory is vLLM's "Repo id must be in the form..." half a minute in.
+Found here, each is one `ConfigError` line on the console before any service starts
+(DESIGN.md, principle 10). Everything here is cheap: it reads the first rows of the data files,
+imports the hooks, and looks at directories; it loads no tokenizer and no model.
+
+`preflight(args)` runs every check; each `check_*` function is usable on its own.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from vime.args import VimeArgs
+from vime.args_resolve import HOOK_FLAGS
+from vime.errors import ConfigError
+from vime.rollout.dataset import check_prompt_file
+
+REQUIRED_FLAGS = ("hf_checkpoint", "prompt_data", "rollout_batch_size", "num_rollout")
+"""Flags `vime train` cannot run without (`VimeArgs` attribute names)."""
+
+PROMPT_ROWS_CHECKED = 100
+"""Records of each prompt file checked: enough to catch a wrong key or format, cheap on any file."""
+
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def preflight(args: Any) -> None:
+    """Every check `vime train` can run before starting services; the first problem raises a
+    one-line `ConfigError` naming the flag, the path and what to do."""
+    check_required(args)
+    check_hooks(args)
+    check_checkpoint(args)
+    check_prompt_data(args)
+
+
+def check_required(args: Any) -> None:
+    """The flags a training run cannot do without are set."""
+    missing = [_flag(n) for n in REQUIRED_FLAGS if getattr(args, n) in (None, "")]
+    if missing:
+        raise ConfigError(f"vime train needs {', '.join(missing)}")
+
+
+def check_hooks(args: Any) -> None:
+    """Every hook flag (`--custom-rm-path`, `--rollout-function-path`, ...) imports and is callable;
+    the error names the flag, the path and what is missing (`vime.plugins.load_function`)."""
+    from vime.plugins import load_hook
+
+    for dest in HOOK_FLAGS:
+        load_hook(args, dest)
+
+
+def _check_model_dir(flag: str, value: str) -> None:
+    path = Path(value)
+    if not path.exists():
+        if _HUB_ID.fullmatch(value):
+            raise ConfigError(
+                f"{flag} {value!r}: no such directory; it looks like a Hugging Face Hub id, but vime loads "
+                f"the model from a local directory: download it first (`huggingface-cli download {value} "
+                f"--local-dir <dir>`) and pass that directory"
+            )
+        raise ConfigError(f"{flag} {value!r}: no such directory; point it at a local HF checkpoint directory")
+    if not path.is_dir():
+        raise ConfigError(f"{flag} {value!r}: not a directory; point it at a local HF checkpoint directory")
+    if not (path / "config.json").is_file():
+        raise ConfigError(
+            f"{flag} {value!r}: no config.json in this directory; point it at an HF checkpoint directory "
+            "(the one holding config.json, the weights and the tokenizer)"
+        )
+
+
+def check_checkpoint(args: Any) -> None:
+    """`--hf-checkpoint` is a local directory with a config.json (a hub id cannot be downloaded
+    here), and so is `--ref-load` when the reference model is loaded (a KL term is on; slime
+    scripts pass --ref-load regardless). `--save` and `--load`, when they exist, are directories
+    (a missing one is fine: a new run writes it)."""
+    if not args.hf_checkpoint:
+        raise ConfigError("--hf-checkpoint is not set; point it at a local HF checkpoint directory")
+    _check_model_dir("--hf-checkpoint", args.hf_checkpoint)
+    if args.ref_load and (args.use_kl_loss or args.kl_coef > 0):
+        _check_model_dir("--ref-load", args.ref_load)
+    for flag, value in (("--save", args.save), ("--load", args.load)):  # --load defaults to --save
+        if value and Path(value).exists() and not Path(value).is_dir():
+            raise ConfigError(
+                f"{flag} {value!r}: not a directory; checkpoints are directories: pass a directory "
+                "(a missing one is created)"
+            )
+
+
+def check_prompt_data(args: Any, limit: int = PROMPT_ROWS_CHECKED) -> None:
+    """The first `limit` records of `--prompt-data` (and of each `--eval-prompt-data` set) read as
+    prompts: the file exists and is .jsonl or .parquet, is not empty, its rows parse, and each has
+    `--input-key` (and `--label-key` when set), with `--metadata-key` / `--tool-key` of the right
+    type when present.
+
+    Files a user hook reads instead of vime are not checked: `--prompt-data` under a custom
+    `--data-source-path`, eval sets under a custom eval (or rollout) function.
+    """
+    keys = {"input_key": args.input_key, "label_key": args.label_key, "metadata_key": args.metadata_key,
+            "tool_key": args.tool_key}
+    if args.data_source_path is None:
+        if not args.prompt_data:
+            raise ConfigError("--prompt-data is not set; point it at a .jsonl or .parquet prompt file")
+        check_prompt_file(args.prompt_data, flag="--prompt-data", limit=limit, **keys)
+    eval_function = args.eval_function_path or args.rollout_function_path
+    if args.eval_prompt_data and eval_function == VimeArgs.rollout_function_path:
+        from vime.rollout.vllm_rollout import eval_sets
+
+        for _, path in eval_sets(args):
+            check_prompt_file(path, flag="--eval-prompt-data", limit=limit, **keys)
