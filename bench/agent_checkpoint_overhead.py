@@ -9,6 +9,10 @@ plain, once storing a checkpoint after every step the way the `agent_session` ac
 stands in for vLLM so the model's time does not hide the checkpoint's; with a real model each
 step also waits for sampling, so the ratio here is an upper bound. Prints ms per step for both,
 the difference and the ratio.
+
+A session that does not finish (the agent stopped early, a step raised) is not a timing: the
+script then prints one line naming how many sessions failed and the first error, prints no
+figures and exits 1.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -68,27 +73,54 @@ async def session(tokenizer, task, steps: int, store: SampleStore | None, rollou
         state = await CodingAgent(sbx, url, open_chain, AgentConfig(max_turns=steps + 1)).run(AgentState.new(task.prompt),
                                                                                             on_step)
         elapsed = time.perf_counter() - t0
-        assert state.finished, state.stop_reason
+        if not state.finished:
+            raise SessionFailed(f"session {rollout} stopped before finishing: {state.stop_reason}")
     return elapsed / steps
 
 
-async def main(steps: int, repeats: int) -> None:
+class SessionFailed(Exception):
+    """A benchmark session that did not finish its script."""
+
+
+@dataclass
+class Failures:
+    sessions: int = 0
+    failed: int = 0
+    first: str | None = None
+
+    async def timed(self, run) -> float | None:
+        """`await run` (seconds per step), or None after recording why it failed."""
+        self.sessions += 1
+        try:
+            return await run
+        except Exception as e:  # noqa: BLE001 - any failed session voids the figures; reported in one line
+            self.failed += 1
+            self.first = self.first or " ".join(f"{type(e).__name__}: {e}".split())[:400]
+            return None
+
+
+async def main(steps: int, repeats: int) -> int:
     from transformers import AutoTokenizer
 
     from vime.testing.tiny_model import tiny_model_dir
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir())
     task = load_tasks()[0]
-    plain, durable = [], []
+    plain, durable, failures = [], [], Failures()
     with tempfile.TemporaryDirectory() as tmp, SampleStore.open(tmp) as store:
         store.ensure_run("bench")
-        await session(tokenizer, task, steps, None, "warmup")
+        await failures.timed(session(tokenizer, task, steps, None, "warmup"))
         for i in range(repeats):
-            plain.append(await session(tokenizer, task, steps, None, f"p{i}"))
-            durable.append(await session(tokenizer, task, steps, store, f"d{i}"))
+            plain.append(await failures.timed(session(tokenizer, task, steps, None, f"p{i}")))
+            durable.append(await failures.timed(session(tokenizer, task, steps, store, f"d{i}")))
+    if failures.failed:
+        print(f"agent_checkpoint_overhead: FAILED: {failures.failed} of {failures.sessions} sessions failed; "
+              f"first error: {failures.first}; no figures printed", file=sys.stderr)
+        return 1
     p, d = statistics.median(plain) * 1e3, statistics.median(durable) * 1e3
     print(f"agent step ({steps} steps x {repeats} sessions, median): plain {p:.1f} ms, "
           f"checkpointed {d:.1f} ms, +{d - p:.1f} ms per step, ratio x{d / p:.2f}")
+    return 0
 
 
 if __name__ == "__main__":
@@ -97,4 +129,4 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--repeats", type=int, default=3)
     opts = parser.parse_args()
-    asyncio.run(main(opts.steps, opts.repeats))
+    sys.exit(asyncio.run(main(opts.steps, opts.repeats)))

