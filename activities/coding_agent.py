@@ -1,5 +1,7 @@
-"""Rollout-queue activities of CodingAgentRolloutWorkflow: resolve the task, run the agent
-session, store the rollout's samples.
+"""Activities of CodingAgentRolloutWorkflow besides the sandbox's: resolve the task and store
+the rollout's samples (rollout queue), run the agent session (the sandbox host's queue: the
+session runs its tools in the sandbox, which for a local backend exists on the booting host
+only; see activities/sandbox.py).
 
 The session is the long one. It heartbeats (in the background and after every step), and after
 every agent step it stores a checkpoint (`TrajectoryRecorder`: the step's tokens, the agent's
@@ -9,6 +11,9 @@ adapter sessions with their segments and continues the agent after its last stor
 
 Storing is separate and idempotent: it rebuilds the segments from the stored steps, fans them
 out (`vime.agent.fanout`) with the graded reward and writes the rollout once.
+
+Every store call runs in a thread (`store_call`): a write waiting for SQLite's lock must not stop
+the worker's event loop, which sends this and every other activity's heartbeats.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from temporalio import activity
 
 from activities.heartbeat import heartbeating
 from activities.sandbox import attach
+from activities.store_calls import store_call
 from vime.agent.coding.config import shared_adapter
 from vime.agent.coding.task import coding_task
 from vime.agent.fanout import trajectory_to_samples
@@ -72,7 +78,7 @@ class CodingAgentActivities:
 
         sbx = await attach(self.args, inp.sandbox_id)
         recorder = TrajectoryRecorder(self.store, inp.run_id, inp.task.rollout_id)
-        restored = recorder.load()
+        restored = await store_call(recorder.load)
         if restored.next_turn:
             await restore_diff(sbx, restored.diff)
             log.info("agent.session.resume", rollout_id=inp.task.rollout_id, after_turn=restored.next_turn - 1,
@@ -81,8 +87,8 @@ class CodingAgentActivities:
 
         async def checkpoint(chains, agent_state: dict) -> None:
             info = activity.info()
-            turn = recorder.save(chains, agent_state, await capture_diff(sbx),
-                                 attempt=f"{info.activity_id}#{info.attempt}")
+            turn = await store_call(recorder.save, chains, agent_state, await capture_diff(sbx),
+                                    attempt=f"{info.activity_id}#{info.attempt}")
             activity.heartbeat(turn)
 
         async with heartbeating():
@@ -95,7 +101,7 @@ class CodingAgentActivities:
     @activity.defn(name="store_agent_rollout")
     async def store_agent_rollout(self, inp: StoreInput) -> AgentRolloutOutput:
         task = inp.task
-        chains = TrajectoryRecorder(self.store, inp.run_id, task.rollout_id).load().chains
+        chains = (await store_call(TrajectoryRecorder(self.store, inp.run_id, task.rollout_id).load)).chains
         base = self.data_source.prompt_group(task.group_index)[task.index - task.group_index * self.args.n_samples_per_prompt]
         base.metadata = {**(base.metadata or {}), "weight_version": inp.weight_version, "task_id": task.task_id,
                          "diff": inp.diff, "diff_id": inp.diff_id, "grade": {"outcome": inp.outcome, "reason": inp.reason}}
@@ -107,7 +113,7 @@ class CodingAgentActivities:
         if inp.infra_failure:
             for s in samples:
                 s.status = Sample.Status.FAILED
-        refs = self.store.write_rollout(inp.run_id, task.rollout_id, samples) if samples else []
+        refs = await store_call(self.store.write_rollout, inp.run_id, task.rollout_id, samples) if samples else []
         status = "failed" if inp.infra_failure else "completed"
         ref = RolloutRef(inp.run_id, task.rollout_id, refs, inp.weight_version,
                          inp.infra_failure or (None if samples else "the agent sampled nothing"))
@@ -116,5 +122,9 @@ class CodingAgentActivities:
         return AgentRolloutOutput(ref, None if inp.infra_failure else inp.reward, status, _failure_class(inp),
                                   inp.outcome, inp.diff_id)
 
-    def all(self) -> list:
-        return [self.agent_task, self.agent_session, self.store_agent_rollout]
+    def on_rollout_queue(self) -> list:
+        return [self.agent_task, self.store_agent_rollout]
+
+    def on_host_queue(self) -> list:
+        """The session runs where its sandbox was booted (with `SandboxActivities.on_host_queue`)."""
+        return [self.agent_session]

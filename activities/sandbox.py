@@ -1,9 +1,18 @@
-"""Sandbox activities (the sandbox task queue): boot, capture the diff, grade, tear down.
+"""Sandbox activities: boot, capture the diff, grade, tear down.
 
 A sandbox outlives each activity: `boot_sandbox` starts one and returns its id; the session,
-`capture_diff` and `teardown_sandbox` attach to it by id, from any worker on the host (bwrap)
-or anywhere (E2B). A sandbox that is gone when an activity attaches raises the non-retryable
-`SandboxLost`, which the workflow answers by booting another one.
+`capture_diff` and `teardown_sandbox` attach to it by id. A local (bubblewrap) sandbox exists on
+its host only, so every worker serves two queues: the shared sandbox queue (`boot_sandbox`,
+`grade_diff`, and `teardown_sandbox` for sandboxes whose host is gone) and a queue of its own
+(`sandbox_host_queue`: the session, `capture_diff`, `teardown_sandbox`), which `boot_sandbox`
+returns in `SandboxRef.task_queue` so the workflow sends the sandbox's later activities there.
+Cloud sandboxes (E2B) take the same path; for them the host queue is merely unneeded. A sandbox
+that is gone when an activity attaches raises the non-retryable `SandboxLost`, which the
+workflow answers by booting another one.
+
+A boot is keyed (`BootInput.boot_key`, the same on every retry of that boot): the backend
+replaces a sandbox an earlier attempt booted under the same key (its completion was lost, or
+its worker died before reporting it), so a retried boot leaves one sandbox, not two.
 
 Grading never reuses the agent's sandbox: the diff is applied in a fresh one holding the clean
 task repository, with the task's own test files put back, so nothing the agent left behind
@@ -13,11 +22,15 @@ task repository, with the task's own test files put back, so nothing the agent l
 from __future__ import annotations
 
 import hashlib
+import os
+import socket
+import uuid
 from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.store_calls import store_call
 from vime.agent.coding.config import sandbox_options
 from vime.agent.coding.grading import grade_in_sandbox, task_test_files
 from vime.agent.recorder import TrajectoryRecorder
@@ -25,7 +38,7 @@ from vime.agent.sandbox import SandboxGone, attach_sandbox, make_sandbox
 from vime.agent.sandbox.git import capture_diff, init_base
 from vime.log import get_logger
 from vime.store import SampleStore
-from workflows.coding_agent import (PATCH_DOES_NOT_APPLY, SANDBOX_LOST, AgentTask, DiffInput, DiffOutput,
+from workflows.coding_agent import (PATCH_DOES_NOT_APPLY, SANDBOX_LOST, BootInput, DiffInput, DiffOutput,
                                     GradeInput, GradeOutput, SandboxRef)
 
 log = get_logger(__name__)
@@ -43,10 +56,21 @@ def diff_id(diff: str) -> str:
     return "sha256:" + hashlib.sha256(diff.encode()).hexdigest()
 
 
+def sandbox_host_queue(sandbox_task_queue: str) -> str:
+    """A queue for one worker process alone: `<shared queue>-<host>-<pid>-<random>`. Unique per
+    process start, so a restarted worker never takes the activities of sandboxes its previous
+    life booted (they died or were reaped with it); the workflow sees them time out instead."""
+    return f"{sandbox_task_queue}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
 class SandboxActivities:
-    def __init__(self, args: Any, store: SampleStore) -> None:
+    """The sandbox activities of one worker process, whose own queue is `host_queue` (by default
+    a fresh `sandbox_host_queue`)."""
+
+    def __init__(self, args: Any, store: SampleStore, host_queue: str | None = None) -> None:
         self.args = args
         self.store = store
+        self.host_queue = host_queue or sandbox_host_queue(args.sandbox_task_queue)
         self.booted: set[str] = set()  # by this process and not torn down yet
 
     async def destroy_booted(self) -> int:
@@ -59,17 +83,24 @@ class SandboxActivities:
         return count
 
     @activity.defn(name="boot_sandbox")
-    async def boot_sandbox(self, task: AgentTask) -> SandboxRef:
-        sbx = make_sandbox(self.args.sandbox_backend, **sandbox_options(self.args, task.repo_dir))
+    async def boot_sandbox(self, inp: BootInput) -> SandboxRef:
+        """A fresh sandbox with the task repository committed as the diff base; the sandbox's
+        later activities go to `SandboxRef.task_queue`, this worker's own queue."""
+        task = inp.task
+        sbx = make_sandbox(self.args.sandbox_backend, boot_key=inp.boot_key or None,
+                           **sandbox_options(self.args, task.repo_dir))
         await sbx.boot()
+        self.booted.difference_update(sbx.replaced)
+        if sbx.replaced:
+            log.warning("sandbox.replaced", replaced=sbx.replaced, boot_key=inp.boot_key, sandbox_id=sbx.sandbox_id)
         try:
             await init_base(sbx)
         except BaseException:
             await sbx.destroy()
             raise
         self.booted.add(sbx.sandbox_id)
-        log.info("sandbox.booted", sandbox_id=sbx.sandbox_id, rollout_id=task.rollout_id)
-        return SandboxRef(sbx.sandbox_id)
+        log.info("sandbox.booted", sandbox_id=sbx.sandbox_id, rollout_id=task.rollout_id, host_queue=self.host_queue)
+        return SandboxRef(sbx.sandbox_id, self.host_queue)
 
     @activity.defn(name="capture_diff")
     async def capture_diff(self, inp: DiffInput) -> DiffOutput:
@@ -78,7 +109,7 @@ class SandboxActivities:
         try:
             sbx = await attach_sandbox(self.args.sandbox_backend, inp.sandbox_id, **sandbox_options(self.args))
         except SandboxGone:
-            restored = TrajectoryRecorder(self.store, inp.run_id, inp.rollout_id).load()
+            restored = await store_call(TrajectoryRecorder(self.store, inp.run_id, inp.rollout_id).load)
             return DiffOutput(diff_id(restored.diff), restored.diff, source="checkpoint")
         diff = await capture_diff(sbx)
         return DiffOutput(diff_id(diff), diff)
@@ -109,5 +140,10 @@ class SandboxActivities:
         log.info("sandbox.destroyed", sandbox_id=ref.sandbox_id)
         return True
 
-    def all(self) -> list:
-        return [self.boot_sandbox, self.capture_diff, self.grade_diff, self.teardown_sandbox]
+    def on_sandbox_queue(self) -> list:
+        """The activities of the shared sandbox queue (any worker may take them)."""
+        return [self.boot_sandbox, self.grade_diff, self.teardown_sandbox]
+
+    def on_host_queue(self) -> list:
+        """The activities of `host_queue` (they use a sandbox this worker booted)."""
+        return [self.capture_diff, self.teardown_sandbox]

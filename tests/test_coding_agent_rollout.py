@@ -1,5 +1,6 @@
-"""CodingAgentRolloutWorkflow against the real parts: a rollout worker process (agent sessions and
-the sandbox queue), bubblewrap sandboxes, the vLLM CPU server on the tiny model, Temporal.
+"""CodingAgentRolloutWorkflow against the real parts: rollout worker processes (agent sessions, the
+shared sandbox queue and each worker's own sandbox host queue), bubblewrap sandboxes, the vLLM
+CPU server on the tiny model, Temporal, the SQLite store.
 
 The tiny model is random, so it never calls a tool well; the agent re-prompts it after each
 reply without a tool call (`--agent-max-format-errors`), which gives sessions of several turns
@@ -9,10 +10,14 @@ to kill, cancel and interrupt.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
+import json
 import os
 import signal
 import socket
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -22,12 +27,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import TimeoutType
 from temporalio.client import WorkflowFailureError
 
 from examples.coding_agent_rl.gold_edits import write_prompts
 from examples.coding_agent_rl.tasks.prepare import load_tasks
 from vime.agent.coding.claude_code import claude_code_available
 from tests.conftest import engine_flags
+from vime.agent.sandbox.bwrap import reap_stale_workdirs
 from vime.store import SampleStore
 from vime.temporal.search_attributes import ROLLOUT_STATUS
 from workflows.coding_agent import AgentRolloutInput, AgentRolloutOutput, agent_workflow_id
@@ -36,6 +43,8 @@ pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parent.parent
 TURNS = 16
+HEARTBEAT = 5  # seconds: the session's heartbeat timeout
+HOST_WAIT = 10  # seconds an activity waits on a sandbox host's queue before the host counts as gone
 
 
 class Worker:
@@ -52,13 +61,23 @@ class Worker:
             "--agent-max-turns", str(TURNS), "--agent-max-format-errors", str(TURNS), "--agent-max-tokens", "64",
             "--rollout-temperature", "1.0", "--run-dir", str(self.run_dir), "--run-id", self.run_id,
             "--temporal-address", address, "--rollout-task-queue", self.queue,
-            "--sandbox-task-queue", self.queue + "-sbx", "--heartbeat-timeout", "5", *engine_flags(server),
+            "--sandbox-task-queue", self.queue + "-sbx", "--heartbeat-timeout", str(HEARTBEAT), *engine_flags(server),
         ]
         self.env = {**os.environ, "TMPDIR": str(sandbox_base), "VIME_LOG_LEVEL": "INFO", "VIME_LOG_FORMAT": "json"}
         self.log = tmp_path / "worker.log"
         self.proc: subprocess.Popen | None = None
         with SampleStore.open(self.run_dir) as store:
             store.ensure_run(self.run_id)
+
+    def twin(self) -> Worker:
+        """Another worker process of the same run and queues, as if on another host: its own
+        sandbox directory (its sandboxes are invisible to this one) and its own host queue."""
+        other = copy.copy(self)
+        other.base = Path(tempfile.mkdtemp(prefix="vime-test-sbx-"))
+        other.base.chmod(0o755)
+        other.env = {**self.env, "TMPDIR": str(other.base)}
+        other.log, other.proc = self.log.with_name("worker-twin.log"), None
+        return other
 
     def start(self) -> Worker:
         with open(self.log, "a") as log:
@@ -77,8 +96,8 @@ class Worker:
             return proc.wait()
 
     def inp(self, position: int = 0, index: int = 0) -> AgentRolloutInput:
-        return AgentRolloutInput(self.run_id, 0, position, index, 0, heartbeat_seconds=5,
-                                 sandbox_task_queue=self.queue + "-sbx")
+        return AgentRolloutInput(self.run_id, 0, position, index, 0, heartbeat_seconds=HEARTBEAT,
+                                 sandbox_task_queue=self.queue + "-sbx", sandbox_host_seconds=HOST_WAIT)
 
     def store(self) -> SampleStore:
         return SampleStore.open(self.run_dir)
@@ -105,6 +124,15 @@ def worker(tmp_path, vllm_server, tiny_model_dir, temporal_env):
     shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.fixture
+def twin(worker):
+    """A second worker of `worker`'s run, on "another host" (see `Worker.twin`)."""
+    w = worker.twin()
+    yield w
+    w.stop()
+    shutil.rmtree(w.base, ignore_errors=True)
+
+
 async def _start(client, worker: Worker, position: int = 0):
     return await client.start_workflow(
         "CodingAgentRolloutWorkflow", worker.inp(position), id=agent_workflow_id(worker.run_id, position, 0),
@@ -118,6 +146,52 @@ async def _wait(predicate, timeout: float, what: str) -> None:
             return
         await asyncio.sleep(0.2)
     raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+async def _activities(handle) -> list[dict]:
+    """Every activity the workflow ran, from its history, in order: type, task queue, input, the
+    identity (`<role>-<pid>@<host>`) of the worker that ran its last attempt, that attempt, how it
+    ended, its result."""
+    acts: dict[int, dict] = {}
+    for e in (await handle.fetch_history()).events:
+        if e.HasField("activity_task_scheduled_event_attributes"):
+            a = e.activity_task_scheduled_event_attributes
+            acts[e.event_id] = {"type": a.activity_type.name, "queue": a.task_queue.name,
+                                "input": [json.loads(p.data) for p in a.input.payloads], "identity": None,
+                                "attempt": None, "outcome": "pending", "result": None}
+        elif e.HasField("activity_task_started_event_attributes"):
+            a = e.activity_task_started_event_attributes
+            acts[a.scheduled_event_id].update(identity=a.identity, attempt=a.attempt)
+        elif e.HasField("activity_task_completed_event_attributes"):
+            a = e.activity_task_completed_event_attributes
+            payloads = a.result.payloads
+            acts[a.scheduled_event_id].update(outcome="completed",
+                                              result=json.loads(payloads[0].data) if payloads else None)
+        elif e.HasField("activity_task_timed_out_event_attributes"):
+            a = e.activity_task_timed_out_event_attributes
+            kind = TimeoutType.Name(a.failure.timeout_failure_info.timeout_type)
+            acts[a.scheduled_event_id]["outcome"] = f"timed_out:{kind}"
+        elif e.HasField("activity_task_failed_event_attributes"):
+            acts[e.activity_task_failed_event_attributes.scheduled_event_id]["outcome"] = "failed"
+    return list(acts.values())
+
+
+def _pid_of(host_queue: str) -> int:
+    """The worker pid in a sandbox host queue's name (`<shared>-<host>-<pid>-<hex>`)."""
+    return int(host_queue.rsplit("-", 2)[1])
+
+
+def _ran_by(identity: str) -> int:
+    """The pid in a worker's Temporal identity (`[<role>-]<pid>@<host>`)."""
+    return int(identity.split("@")[0].rsplit("-", 1)[-1])
+
+
+def _stored_turns(worker: Worker, rollout_id: str) -> int:
+    """Stored turns, read with plain SQLite (WAL: reading goes on while another connection
+    holds the write lock)."""
+    with contextlib.closing(sqlite3.connect(worker.run_dir / "vime.db", timeout=60)) as db:
+        return db.execute("SELECT COUNT(*) FROM trajectory_turns WHERE run_id = ? AND rollout_id = ?",
+                          (worker.run_id, rollout_id)).fetchone()[0]
 
 
 async def test_a_rollout_boots_runs_grades_stores_and_leaves_no_sandbox(worker, temporal_env):
@@ -173,6 +247,103 @@ async def test_kill_9_mid_session_resumes_after_the_last_stored_turn(worker, tem
         samples = store.read_rollout(worker.run_id, rollout_id)
     assert sum(len(s.metadata["turns"]) for s in samples) == TURNS
     await _wait(lambda: worker.leftovers() == [], 30, "no sandbox left")
+
+
+async def test_every_activity_after_the_boot_runs_on_the_booting_workers_own_queue(worker, twin, temporal_env):
+    worker.start()
+    twin.start()
+    handle = await _start(temporal_env.client, worker)
+    out = await asyncio.wait_for(handle.result(), 240)
+    assert out.status == "completed" and out.turns == TURNS
+
+    acts = await _activities(handle)
+    shared = worker.queue + "-sbx"
+    boots = [a for a in acts if a["type"] == "boot_sandbox"]
+    assert [(b["queue"], b["outcome"]) for b in boots] == [(shared, "completed")]
+    host = boots[0]["result"]["task_queue"]
+    booter = _pid_of(host)
+    assert host.startswith(shared + "-") and booter in (worker.proc.pid, twin.proc.pid)
+    assert _ran_by(boots[0]["identity"]) == booter
+    on_host = [a for a in acts if a["type"] in ("agent_session", "capture_diff", "teardown_sandbox")]
+    assert [a["type"] for a in on_host] == ["agent_session", "capture_diff", "teardown_sandbox"]
+    for a in on_host:  # queued for the booting worker, and run by it
+        assert (a["queue"], _ran_by(a["identity"]), a["outcome"]) == (host, booter, "completed"), a
+    assert [a["queue"] for a in acts if a["type"] == "grade_diff"] == [shared]  # a fresh sandbox, any worker
+    assert {a["queue"] for a in acts if a["type"] in ("agent_task", "store_agent_rollout")} == {worker.queue}
+    assert worker.leftovers() == [] and twin.leftovers() == []
+
+
+async def test_kill_9_of_the_booting_worker_mid_session_boots_again_on_the_other_and_finishes(
+        worker, twin, temporal_env):
+    worker.start()
+    twin.start()
+    handle = await _start(temporal_env.client, worker)
+    await _wait(lambda: len(worker.turns("0")) >= 2, 180, "two stored turns")
+    first_host = (await handle.query("progress"))["sandbox_queue"]
+    victim, survivor = (worker, twin) if _pid_of(first_host) == worker.proc.pid else (twin, worker)
+    assert _pid_of(first_host) == victim.proc.pid
+    victim.proc.kill()  # SIGKILL: its sandbox, its host queue and its in-flight session die with it
+    victim.proc.wait()
+    killed_at = len(worker.turns("0"))
+
+    out = await asyncio.wait_for(handle.result(), 300)
+    assert out.status == "completed" and out.turns == TURNS and out.phases.count("boot") == 2
+    turns = worker.turns("0")
+    assert [t.turn for t in turns] == list(range(TURNS))  # resumed after the last stored turn
+    first = turns[0].meta["attempt"]  # the killed attempt stored the first turns, another the rest
+    assert [t.meta["attempt"] for t in turns[:killed_at]] == [first] * killed_at
+    assert first not in [t.meta["attempt"] for t in turns[killed_at:]]
+
+    acts = await _activities(handle)
+    shared = worker.queue + "-sbx"
+    boots = [a for a in acts if a["type"] == "boot_sandbox"]
+    assert len(boots) == 2 and boots[0]["result"]["task_queue"] == first_host
+    assert [b["input"][0]["boot_key"] for b in boots] == [f"{handle.id}/boot-0", f"{handle.id}/boot-1"]
+    second_host = boots[1]["result"]["task_queue"]
+    assert _pid_of(second_host) == survivor.proc.pid and boots[1]["queue"] == shared
+    sessions = [a for a in acts if a["type"] == "agent_session"]
+    # on the dead host: the retry after the heartbeat timeout was never taken (SandboxLost)
+    assert [(a["queue"], a["outcome"]) for a in sessions] == [
+        (first_host, "timed_out:TIMEOUT_TYPE_SCHEDULE_TO_START"), (second_host, "completed")]
+    teardowns = [(a["queue"], a["outcome"]) for a in acts if a["type"] == "teardown_sandbox"]
+    assert teardowns == [(first_host, "timed_out:TIMEOUT_TYPE_SCHEDULE_TO_START"),  # its host is gone:
+                         (shared, "completed"),  # tried from the shared queue, where it is not found
+                         (second_host, "completed")]
+    assert [a["queue"] for a in acts if a["type"] == "capture_diff"] == [second_host]
+    assert survivor.leftovers() == []
+    assert len(reap_stale_workdirs(victim.base)) == 1  # the victim's sandbox, reaped when a worker starts there
+    assert victim.leftovers() == []
+
+
+async def test_a_store_locked_past_the_heartbeat_timeout_delays_the_session_without_timing_it_out(
+        worker, temporal_env):
+    """Store writes run off the worker's event loop: while one waits for SQLite's write lock the
+    session's heartbeats go on, and the session continues when the lock is released."""
+    worker.start()
+    handle = await _start(temporal_env.client, worker)
+    await _wait(lambda: len(worker.turns("0")) >= 1, 180, "a stored turn")
+    hold = 3 * HEARTBEAT
+    lock = sqlite3.connect(worker.run_dir / "vime.db", isolation_level=None, timeout=60)
+    lock.execute("BEGIN EXCLUSIVE")
+    try:
+        held_at, beats = _stored_turns(worker, "0"), set()
+        for _ in range(6):
+            await asyncio.sleep(hold / 6)
+            desc = await handle.describe()
+            beats |= {(a.attempt, a.last_heartbeat_time.ToSeconds()) for a in desc.raw_description.pending_activities
+                      if a.activity_type.name == "agent_session"}
+        assert _stored_turns(worker, "0") == held_at < TURNS  # the session's next write waited
+    finally:
+        lock.execute("ROLLBACK")
+        lock.close()
+    assert {attempt for attempt, _ in beats} == {1}  # never timed out and retried
+    assert len({at for _, at in beats}) >= 2, beats  # heartbeats kept reaching the server
+
+    out = await asyncio.wait_for(handle.result(), 240)
+    assert out.status == "completed" and out.turns == TURNS
+    sessions = [a for a in await _activities(handle) if a["type"] == "agent_session"]
+    assert [(a["attempt"], a["outcome"]) for a in sessions] == [(1, "completed")]
+    assert len({t.meta["attempt"] for t in worker.turns("0")}) == 1
 
 
 async def test_cancelling_the_workflow_tears_the_sandbox_down(worker, temporal_env):

@@ -1,6 +1,7 @@
 """`E2BSandbox` against `FakeE2BSdk`, a FAKE of the e2b SDK boundary (the E2B cloud is not
-reachable here). The fake mirrors the SDK surface vime uses (`AsyncSandbox.create` / `.connect`,
-`.commands.run`, `.files.read/write`, `.kill`, the exception classes) and runs commands on the
+reachable here). The fake mirrors the SDK surface vime uses (`AsyncSandbox.create` / `.connect`
+/ `.list` with its paginator and `SandboxQuery` metadata filter, `.commands.run`,
+`.files.read/write`, `.kill` on a VM or by id, the exception classes) and runs commands on the
 host in a scratch root where `/workspace` and `/tmp` are rewritten: enough to test vime's
 mapping of results and errors, not isolation (that is E2B's job; see docs/sandbox-backends.md).
 """
@@ -10,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import re
 import subprocess
+import sys
 import types
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -25,8 +28,12 @@ from vime.agent.sandbox import (
     attach_sandbox,
     make_sandbox,
 )
+from activities.sandbox import SandboxActivities
+from vime.agent.sandbox.e2b import BOOT_KEY_METADATA
 from vime.agent.sandbox.git import capture_diff, init_base, restore_diff
 from vime.errors import ConfigError
+from vime.store import SampleStore
+from workflows.coding_agent import AgentTask, BootInput, SandboxRef
 
 
 class _FakeCommandExitException(Exception):
@@ -51,12 +58,50 @@ class _FakeFileNotFoundException(_FakeNotFoundException):
     pass
 
 
+@dataclass
+class _FakeSandboxQuery:
+    metadata: dict[str, str] | None = None
+    state: list[str] | None = None
+
+
+@dataclass
+class _FakeSandboxInfo:
+    sandbox_id: str
+    metadata: dict[str, str] = field(default_factory=dict)
+
+
+class _FakePaginator:
+    """The SDK's `AsyncSandboxPaginator`: `has_next` is True until the last page was fetched."""
+
+    def __init__(self, items: list[_FakeSandboxInfo], limit: int):
+        self._items, self._limit, self.has_next = items, limit, True
+
+    async def next_items(self) -> list[_FakeSandboxInfo]:
+        if not self.has_next:
+            raise Exception("No more items to fetch")
+        page, self._items = self._items[:self._limit], self._items[self._limit:]
+        self.has_next = bool(self._items)
+        return page
+
+
+class _FakeKill:
+    """The SDK's `class_method_variant`: `await vm.kill()` kills that VM, `await
+    AsyncSandbox.kill(sandbox_id)` the VM with that id; True if it was running."""
+
+    def __get__(self, vm, cls):
+        async def kill(sandbox_id=None, **_):
+            return cls.live.pop(vm.sandbox_id if vm is not None else sandbox_id, None) is not None
+        return kill
+
+
 class _FakeSandbox:
     live: dict[str, "_FakeSandbox"] = {}
     fail_create = False
+    page_size = 100  # the provider's default (and maximum) page
 
     def __init__(self, root: Path, opts: dict):
         self.sandbox_id, self.root, self.opts = uuid.uuid4().hex[:8], root, opts
+        self.metadata = dict(opts.get("metadata") or {})
         (root / "tmp").mkdir(parents=True)
         self.commands = types.SimpleNamespace(run=self._run)
         self.files = types.SimpleNamespace(read=self._read, write=self._write)
@@ -70,6 +115,13 @@ class _FakeSandbox:
         sbx = cls(Path(opts.pop("_root_factory")()), opts) if "_root_factory" in opts else None
         cls.live[sbx.sandbox_id] = sbx
         return sbx
+
+    @classmethod
+    def list(cls, query=None, limit=None, next_token=None, **opts):
+        wanted = (query.metadata if query is not None else None) or {}
+        found = [_FakeSandboxInfo(vm.sandbox_id, dict(vm.metadata)) for vm in cls.live.values()
+                 if all(vm.metadata.get(k) == v for k, v in wanted.items())]
+        return _FakePaginator(found, limit or cls.page_size)
 
     @classmethod
     async def connect(cls, sandbox_id, timeout=None, **opts):
@@ -113,9 +165,7 @@ class _FakeSandbox:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(data.encode() if isinstance(data, str) else data)
 
-    async def kill(self):
-        self.live.pop(self.sandbox_id, None)
-        return True
+    kill = _FakeKill()
 
 
 def FakeE2BSdk(tmp_path: Path) -> types.SimpleNamespace:
@@ -131,6 +181,7 @@ def FakeE2BSdk(tmp_path: Path) -> types.SimpleNamespace:
 
     return types.SimpleNamespace(
         AsyncSandbox=AsyncSandbox,
+        SandboxQuery=_FakeSandboxQuery,
         CommandExitException=_FakeCommandExitException,
         TimeoutException=_FakeTimeoutException,
         NotFoundException=_FakeNotFoundException,
@@ -262,6 +313,70 @@ async def test_provider_failures_are_infra(repo: Path, tmp_path: Path) -> None:
         sb._sbx.commands.run = vm_gone
         with pytest.raises(SandboxError, match="sandbox not found"):
             await sb.exec("true")
+
+
+async def test_a_keyed_boot_kills_the_vms_an_earlier_attempt_of_the_same_boot_left(repo: Path, tmp_path: Path) -> None:
+    """A retried boot (same key) finds the VMs of earlier attempts by their metadata, through
+    every page of the provider's list, and kills them: one VM per key afterwards."""
+    sdk = FakeE2BSdk(tmp_path / "cloud")
+    sdk.AsyncSandbox.page_size = 1
+    first = await E2BSandbox(repo, sdk=sdk, boot_key="wf-1/boot-0").boot()
+    # and one that a second, overlapping attempt created before it was abandoned
+    overlapping = await sdk.AsyncSandbox.create(metadata={BOOT_KEY_METADATA: "wf-1/boot-0"})
+    other_key = await E2BSandbox(repo, sdk=sdk, boot_key="wf-1/boot-1").boot()
+    unkeyed = await E2BSandbox(repo, sdk=sdk).boot()
+    assert [vm.metadata for vm in sdk.AsyncSandbox.live.values()] == [
+        {BOOT_KEY_METADATA: "wf-1/boot-0"}, {BOOT_KEY_METADATA: "wf-1/boot-0"}, {BOOT_KEY_METADATA: "wf-1/boot-1"}, {}]
+
+    earlier = [first, await E2BSandbox.attach(f"e2b-{overlapping.sandbox_id}", sdk=sdk)]
+    retry = await E2BSandbox(repo, sdk=sdk, boot_key="wf-1/boot-0").boot()
+    assert sorted(retry.replaced) == sorted(sb.sandbox_id for sb in earlier)
+    keyed = [f"e2b-{vm.sandbox_id}" for vm in sdk.AsyncSandbox.live.values()
+             if vm.metadata.get(BOOT_KEY_METADATA) == "wf-1/boot-0"]
+    assert keyed == [retry.sandbox_id]
+    assert len(sdk.AsyncSandbox.live) == 3  # the other key's VM and the unkeyed one are left alone
+    for gone in earlier:
+        with pytest.raises(SandboxGone):
+            await gone.exec("true")
+    assert (await other_key.exec("cat pkg/mod.py")).stdout == "X = 1\n" and (await unkeyed.exec("true")).ok
+    assert unkeyed.replaced == [] and other_key.replaced == []
+    for sb in (retry, other_key, unkeyed):
+        await sb.destroy()
+    assert sdk.AsyncSandbox.live == {}
+
+
+async def test_a_provider_that_cannot_list_fails_a_keyed_boot_as_infra(repo: Path, tmp_path: Path) -> None:
+    sdk = FakeE2BSdk(tmp_path / "cloud")
+
+    def refuse(*a, **k):
+        raise RuntimeError("403: listing is not allowed for this key")
+
+    sdk.AsyncSandbox.list = refuse
+    with pytest.raises(SandboxError, match="boot key 'wf/boot-0'.*403"):
+        await E2BSandbox(repo, sdk=sdk, boot_key="wf/boot-0").boot()
+    assert sdk.AsyncSandbox.live == {}  # nothing was created
+
+
+async def test_boot_sandbox_run_twice_with_one_key_leaves_one_vm(repo: Path, tmp_path: Path, monkeypatch) -> None:
+    """The `boot_sandbox` activity retried after a boot whose completion was lost: the retry
+    kills the first attempt's VM; the ref names this worker's own queue."""
+    from temporalio.testing import ActivityEnvironment
+
+    sdk = FakeE2BSdk(tmp_path / "cloud")
+    monkeypatch.setitem(sys.modules, "e2b", sdk)  # what `import e2b` gets: the fake SDK
+    args = types.SimpleNamespace(sandbox_backend="e2b", agent_harness="builtin", sandbox_task_queue="sbx")
+    task = AgentTask("0", 0, 0, "fix it", str(repo), "true")
+    with SampleStore.open(tmp_path / "run") as store:
+        acts = SandboxActivities(args, store, host_queue="sbx-host-1")
+        env = ActivityEnvironment()
+        first = await env.run(acts.boot_sandbox, BootInput(task, "wf-7/boot-0"))
+        retry = await env.run(acts.boot_sandbox, BootInput(task, "wf-7/boot-0"))
+        assert first.task_queue == retry.task_queue == "sbx-host-1"
+        assert first.sandbox_id != retry.sandbox_id
+        assert [f"e2b-{i}" for i in sdk.AsyncSandbox.live] == [retry.sandbox_id]
+        assert acts.booted == {retry.sandbox_id}
+        assert await env.run(acts.teardown_sandbox, SandboxRef(retry.sandbox_id, retry.task_queue))
+    assert sdk.AsyncSandbox.live == {}
 
 
 def test_missing_sdk_is_a_clear_error(monkeypatch) -> None:

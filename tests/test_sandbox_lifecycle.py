@@ -14,12 +14,14 @@ import shutil
 import sys
 import tempfile
 import time
+import types
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from activities.sandbox import SandboxActivities
 from examples.coding_agent_rl.tasks.prepare import load_tasks
 from tests.test_coding_tasks import edit_diff
 from tests.test_sandbox import LIMITS, _processes_mentioning, _wait_for_process
@@ -34,6 +36,8 @@ from vime.agent.sandbox import (
 from vime.agent.sandbox.bwrap import reap_stale_workdirs
 from vime.agent.sandbox.git import PatchDoesNotApply, capture_diff, init_base, restore_diff
 from vime.errors import ConfigError
+from vime.store import SampleStore
+from workflows.coding_agent import AgentTask, BootInput, SandboxRef
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
@@ -55,8 +59,8 @@ BOOT_AND_EXIT = """
 import asyncio, sys
 from vime.agent.sandbox import BwrapSandbox
 
-async def main(repo, base):
-    print((await BwrapSandbox(repo, base_dir=base).boot()).sandbox_id)
+async def main(repo, base, boot_key=None):
+    print((await BwrapSandbox(repo, base_dir=base, boot_key=boot_key).boot()).sandbox_id)
 
 asyncio.run(main(*sys.argv[1:]))
 """
@@ -206,6 +210,57 @@ async def test_a_dead_owners_sandbox_lives_until_reaped(repo: Path, base: Path) 
     with pytest.raises(SandboxGone):
         await orphan.exec("true")
     await orphan.destroy()
+
+
+async def test_a_keyed_boot_destroys_what_an_earlier_attempt_of_the_same_boot_left_on_the_host(
+        repo: Path, base: Path) -> None:
+    """The first attempt booted in another process (a worker that died before reporting the
+    boot); the retry, keyed the same, destroys that sandbox and boots its own. Other keys and
+    unkeyed sandboxes are not touched."""
+    first = (await _python(BOOT_AND_EXIT, str(repo), str(base), "wf-1/boot-0")).strip()
+    other = await BwrapSandbox(repo, base_dir=base, boot_key="wf-1/boot-1", **LIMITS).boot()
+    plain = await BwrapSandbox(repo, base_dir=base, **LIMITS).boot()
+    assert len(list(base.iterdir())) == 3
+
+    retry = await BwrapSandbox(repo, base_dir=base, boot_key="wf-1/boot-0", **LIMITS).boot()
+    assert retry.replaced == [first] and retry.sandbox_id != first
+    assert sorted(p.name for p in base.iterdir()) == sorted(s.root.name for s in (retry, other, plain))
+    with pytest.raises(SandboxGone, match=first):
+        await attach_sandbox("bwrap", first, base_dir=base)
+    assert (await retry.exec("cat pkg/mod.py")).stdout == "X = 1\n"
+    assert other.replaced == plain.replaced == []
+    for sbx in (retry, other, plain):
+        await sbx.destroy()
+
+
+async def test_boot_sandbox_run_twice_with_one_key_leaves_one_workdir_and_no_bwrap_of_the_first(
+        repo: Path, base: Path, tmp_path: Path, monkeypatch) -> None:
+    """The `boot_sandbox` activity retried after a boot whose completion was lost, while a
+    command still runs in the first sandbox: the retry kills it and removes its workdir."""
+    from temporalio.testing import ActivityEnvironment
+
+    monkeypatch.setattr(tempfile, "tempdir", str(base))  # where the activity's sandboxes live
+    args = types.SimpleNamespace(sandbox_backend="bwrap", agent_harness="builtin", sandbox_task_queue="sbx")
+    task = AgentTask("0", 0, 0, "fix it", str(repo), "true")
+    marker = f"vime-marker-{uuid.uuid4().hex}"
+    with SampleStore.open(tmp_path / "run") as store:
+        acts = SandboxActivities(args, store, host_queue="sbx-host-1")
+        env = ActivityEnvironment()
+        first = await env.run(acts.boot_sandbox, BootInput(task, "wf-7/boot-0"))
+        handle = await attach_sandbox("bwrap", first.sandbox_id)
+        running = asyncio.create_task(handle.exec(f"python3 -c 'import time; time.sleep(300)' {marker}"))
+        await _wait_for_process(marker)
+
+        retry = await env.run(acts.boot_sandbox, BootInput(task, "wf-7/boot-0"))
+        assert first.task_queue == retry.task_queue == "sbx-host-1" and retry.sandbox_id != first.sandbox_id
+        assert [p.name for p in base.iterdir()] == [f"vime-sbx-{os.getpid()}-{retry.sandbox_id.removeprefix('bwrap-')}"]
+        assert _processes_mentioning(marker) == []
+        with pytest.raises(SandboxGone):
+            await running
+        assert acts.booted == {retry.sandbox_id}
+        sbx = await attach_sandbox("bwrap", retry.sandbox_id)
+        assert (await sbx.exec("git tag")).stdout == "vime-base\n"  # booted all the way: base committed
+        assert await env.run(acts.teardown_sandbox, SandboxRef(retry.sandbox_id, retry.task_queue))
 
 
 async def test_attaching_to_ids_that_never_existed(base: Path) -> None:

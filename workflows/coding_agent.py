@@ -9,6 +9,16 @@ own timeouts and retries: the session heartbeats every turn and stores its traje
 step, so a retried session resumes after its last stored step; a sandbox that vanished
 (`SandboxLost`) is booted again and the session restored into it from the stored diff.
 
+Where the steps run: `boot_sandbox` and `grade_diff` on the shared sandbox queue; everything
+that touches the booted sandbox afterwards (the agent session, `capture_diff`,
+`teardown_sandbox`) on the queue of the worker that booted it (`SandboxRef.task_queue`),
+because a local (bubblewrap) sandbox exists on that one host only. A host whose worker is gone
+takes nothing from its queue: the `schedule_to_start_timeout` there is the workflow's cue that
+the sandbox is lost with its host (`SandboxLost`: boot another, resume); its teardown then
+falls back to the shared queue, where a cloud sandbox is still destroyed and a local one, gone
+with its host, is a no-op. Each boot carries a key (`boot_key`: workflow id + boot ordinal), so
+a retried boot replaces the sandbox an earlier attempt of the same boot left behind.
+
 Failures are data: a diff that does not apply is a typed, non-retryable task outcome (reward
 0); a sandbox or engine that stays broken after its retries is an infra failure, recorded with
 its cause in `FailureClass` and kept out of advantage statistics. Search attributes: run,
@@ -24,7 +34,8 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.exceptions import (ActivityError, ApplicationError, TimeoutError, TimeoutType,
+                                   is_cancelled_exception)
 
 with workflow.unsafe.imports_passed_through():
     from vime.temporal.search_attributes import (FAILURE_CLASS, POLICY_VERSION, REWARD, ROLLOUT_ID,
@@ -54,6 +65,8 @@ class AgentRolloutInput:
     heartbeat_seconds: float = 60.0
     sandbox_task_queue: str = "vime-sandbox"
     session_attempts: int = 5  # tries of the agent session before the rollout is an infra failure
+    # how long an activity may wait on the booting host's queue before the host counts as gone
+    sandbox_host_seconds: float = 60.0
 
 
 @dataclass
@@ -85,8 +98,15 @@ class SessionOutput:
 
 
 @dataclass
+class BootInput:
+    task: AgentTask
+    boot_key: str  # the same for every attempt of one boot: a retry replaces what an earlier attempt left
+
+
+@dataclass
 class SandboxRef:
     sandbox_id: str
+    task_queue: str = ""  # the booting worker's own queue: where the sandbox's later activities run
 
 
 @dataclass
@@ -150,12 +170,32 @@ def _retry(attempts: int, *non_retryable: str) -> RetryPolicy:
                        non_retryable_error_types=["ConfigError", *non_retryable])
 
 
+def boot_key(workflow_id: str, ordinal: int) -> str:
+    """The key of a workflow's `ordinal`-th sandbox boot: the same on every retry of that boot
+    (and on a replay), different for every other boot, so a backend can find and replace what
+    an earlier attempt of the same boot left behind."""
+    return f"{workflow_id}/boot-{ordinal}"
+
+
+def _host_lost(e: BaseException) -> bool:
+    """An activity on a sandbox host's queue that no worker took in time: the host is gone.
+
+    Only host-queue activities have a schedule-to-start timeout, and Temporal does not retry it."""
+    return (isinstance(e, ActivityError) and isinstance(e.cause, TimeoutError)
+            and e.cause.type == TimeoutType.SCHEDULE_TO_START)
+
+
 def _error_type(e: BaseException) -> str:
+    if _host_lost(e):
+        return SANDBOX_LOST
     cause = e.cause if isinstance(e, ActivityError) else e
     return cause.type if isinstance(cause, ApplicationError) and cause.type else type(cause).__name__
 
 
 def _message(e: BaseException) -> str:
+    if _host_lost(e):
+        return (f"{SANDBOX_LOST}: no worker took {e.activity_type} from the sandbox's host queue in time: "
+                f"the worker that booted the sandbox is gone")[:500]
     cause = e.cause if isinstance(e, ActivityError) and e.cause is not None else e
     return f"{_error_type(e)}: {cause}"[:500]
 
@@ -176,11 +216,13 @@ class CodingAgentRolloutWorkflow:
     def __init__(self) -> None:
         self.phase = "starting"
         self.phases: list[str] = []
-        self.sandbox_id: str | None = None
+        self.sandbox: SandboxRef | None = None
 
     @workflow.query
     def progress(self) -> dict:
-        return {"phase": self.phase, "sandbox_id": self.sandbox_id, "phases": list(self.phases)}
+        return {"phase": self.phase, "phases": list(self.phases),
+                "sandbox_id": self.sandbox.sandbox_id if self.sandbox else None,
+                "sandbox_queue": self.sandbox.task_queue if self.sandbox else None}
 
     def _enter(self, phase: str) -> None:
         self.phase = phase
@@ -202,13 +244,8 @@ class CodingAgentRolloutWorkflow:
         store = StoreInput(inp.run_id, task, inp.weight_version, reward=None, outcome="")
         turns = 0
         try:
-            session = await self._session(inp, task)
+            session, diff = await self._in_sandbox(inp, task)
             turns = session.turns
-            self._enter("diff")
-            diff = await workflow.execute_activity(
-                CAPTURE_DIFF, DiffInput(inp.run_id, task.rollout_id, self.sandbox_id or ""),
-                result_type=DiffOutput, task_queue=inp.sandbox_task_queue,
-                start_to_close_timeout=timedelta(minutes=5), retry_policy=_retry(5))
             store.diff, store.diff_id = diff.diff, diff.diff_id
             workflow.upsert_memo({"diff_id": diff.diff_id, "diff_source": diff.source})
             await self._teardown(inp)  # free the agent's sandbox before grading starts a clean one
@@ -238,31 +275,44 @@ class CodingAgentRolloutWorkflow:
         self.phase = "done"
         return out
 
-    async def _session(self, inp: AgentRolloutInput, task: AgentTask) -> SessionOutput:
-        """Boot a sandbox and run the session in it; a lost sandbox is replaced (the session
-        resumes from its stored steps), at most MAX_SANDBOX_BOOTS times."""
+    async def _in_sandbox(self, inp: AgentRolloutInput, task: AgentTask) -> tuple[SessionOutput, DiffOutput]:
+        """Boot a sandbox, run the session in it and capture its diff, on the host that booted
+        it. A lost sandbox or host is replaced (the session resumes from its stored steps), at
+        most MAX_SANDBOX_BOOTS times."""
         for boot in range(MAX_SANDBOX_BOOTS):
             self._enter("boot")
-            ref = await workflow.execute_activity(
-                BOOT_SANDBOX, task, result_type=SandboxRef, task_queue=inp.sandbox_task_queue,
-                start_to_close_timeout=timedelta(minutes=10), retry_policy=_retry(3))
-            self.sandbox_id = ref.sandbox_id
-            self._enter("session")
+            self.sandbox = ref = await workflow.execute_activity(
+                BOOT_SANDBOX, BootInput(task, boot_key(workflow.info().workflow_id, boot)), result_type=SandboxRef,
+                task_queue=inp.sandbox_task_queue, start_to_close_timeout=timedelta(minutes=10),
+                retry_policy=_retry(3))
             try:
-                return await workflow.execute_activity(
+                self._enter("session")
+                session = await workflow.execute_activity(
                     AGENT_SESSION, SessionInput(inp.run_id, task, ref.sandbox_id, inp.weight_version),
-                    result_type=SessionOutput, start_to_close_timeout=timedelta(hours=4),
+                    result_type=SessionOutput, **self._on_host(inp, ref), start_to_close_timeout=timedelta(hours=4),
                     heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds),
                     retry_policy=_retry(inp.session_attempts, SANDBOX_LOST),
                     # on cancel, wait until the session stopped using the sandbox before tearing it down
                     cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED)
+                self._enter("diff")
+                diff = await workflow.execute_activity(
+                    CAPTURE_DIFF, DiffInput(inp.run_id, task.rollout_id, ref.sandbox_id), result_type=DiffOutput,
+                    **self._on_host(inp, ref), start_to_close_timeout=timedelta(minutes=5), retry_policy=_retry(5))
+                return session, diff
             except ActivityError as e:
                 if _error_type(e) != SANDBOX_LOST or boot == MAX_SANDBOX_BOOTS - 1:
                     raise
-                workflow.logger.warning("rollout %s: sandbox %s lost; booting another", task.rollout_id,
-                                        ref.sandbox_id)
+                workflow.logger.warning("rollout %s: sandbox %s lost (%s); booting another", task.rollout_id,
+                                        ref.sandbox_id, _message(e))
                 await self._teardown(inp)
         raise AssertionError("unreachable")
+
+    @staticmethod
+    def _on_host(inp: AgentRolloutInput, ref: SandboxRef) -> dict:
+        """Activity options that send an activity to the worker that booted `ref`, and give up
+        (`SandboxLost`) when that worker does not take it in time."""
+        return {"task_queue": ref.task_queue or inp.sandbox_task_queue,
+                "schedule_to_start_timeout": timedelta(seconds=inp.sandbox_host_seconds)}
 
     async def _grade(self, inp: AgentRolloutInput, task: AgentTask, diff: str) -> GradeOutput:
         try:
@@ -275,11 +325,21 @@ class CodingAgentRolloutWorkflow:
             return GradeOutput(0.0, "patch_failed", _message(e))
 
     async def _teardown(self, inp: AgentRolloutInput) -> None:
-        """Destroy the current sandbox (idempotent; runs even when the workflow is cancelled)."""
-        if self.sandbox_id is None:
+        """Destroy the current sandbox (idempotent; runs even when the workflow is cancelled).
+
+        On its host; if that host is gone, on the shared sandbox queue instead: a cloud sandbox
+        is destroyed from anywhere, a local one went with its host (another host does not find
+        it: a no-op)."""
+        if self.sandbox is None:
             return
-        sandbox_id, self.sandbox_id = self.sandbox_id, None
+        ref, self.sandbox = self.sandbox, None
         self._enter("teardown")
-        await workflow.execute_activity(
-            TEARDOWN_SANDBOX, SandboxRef(sandbox_id), task_queue=inp.sandbox_task_queue,
-            start_to_close_timeout=timedelta(minutes=2), retry_policy=_retry(10))
+        options = {"start_to_close_timeout": timedelta(minutes=2), "retry_policy": _retry(10)}
+        try:
+            await workflow.execute_activity(TEARDOWN_SANDBOX, ref, **self._on_host(inp, ref), **options)
+        except ActivityError as e:
+            if not _host_lost(e):
+                raise
+            workflow.logger.warning("sandbox %s: its host is gone; tearing down from %s", ref.sandbox_id,
+                                    inp.sandbox_task_queue)
+            await workflow.execute_activity(TEARDOWN_SANDBOX, ref, task_queue=inp.sandbox_task_queue, **options)

@@ -13,6 +13,9 @@ agent step (a model turn and the tools it called) the session saves one stored *
 sandbox from the diff, reopens the adapter sessions with their segments, and continues the
 agent after its last stored step. A step that was running when the worker died is simply
 sampled again: its tokens were never stored, and neither was anything that depended on them.
+
+`load` and `save` are synchronous store calls that can wait for the database's write lock:
+async code runs them in a thread (`activities.store_calls.store_call`), never on its event loop.
 """
 
 from __future__ import annotations

@@ -10,6 +10,12 @@ records `sandbox_id`, later ones `attach()` to that id, the last one `destroy()`
 that no longer exists is `SandboxGone`, the workflow's cue to boot a fresh one and resume from
 its stored diff (`vime.agent.sandbox.git`).
 
+The booting activity can itself be retried after it booted (its worker died before reporting,
+or the report was lost). So a sandbox can be made with a `boot_key`, the same for every attempt
+of one boot: `boot()` first destroys any sandbox booted under that key (that the backend can
+reach: the host for a local backend, the account for a cloud one), so a retried boot leaves
+one sandbox, not one per attempt.
+
 Errors are split by who is to blame, because rollouts treat them differently:
 
 - `SandboxError` is infrastructure (the sandbox could not start, died, or its provider is
@@ -94,6 +100,8 @@ class Sandbox(Protocol):
     Invariants every backend keeps:
     - `boot()` starts it with the task repository at `WORKDIR`; `destroy()` kills every process
       it started and removes everything, is idempotent, and works from any handle;
+    - made with `boot_key=K`, `boot()` first destroys every sandbox it can reach that was booted
+      with `K` and lists their ids in `replaced` (empty otherwise): one sandbox per key;
     - `async with` is `boot()` + `destroy()`: leaving the block (normally, on an exception or on
       cancellation) destroys it, always;
     - `attach(sandbox_id, **same constructor kwargs)` returns a handle to a running sandbox
@@ -107,6 +115,7 @@ class Sandbox(Protocol):
     """
 
     sandbox_id: str
+    replaced: list[str]
 
     @classmethod
     async def attach(cls, sandbox_id: str, **kwargs: object) -> Sandbox: ...

@@ -23,12 +23,16 @@ Lifecycle across processes: the workdir's name `vime-sbx-<pid>-<hex>` holds the 
 alone and `reap_stale_workdirs` knows whose it is. A sandbox has no state outside that
 directory, so a handle in any process of the host is as good as the original; `destroy` from
 any handle also SIGKILLs the bwraps other processes run over it (found by their argv in /proc).
+A keyed sandbox (`boot_key`) has a `<hex>` that starts with 12 hex digits of the key's sha256
+(then 8 random ones, so two boots of one key never share a directory name), which is how a
+keyed `boot` finds and destroys the sandboxes of earlier attempts on this host by name alone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import pwd
@@ -71,6 +75,8 @@ class BwrapSandbox:
     host paths made visible read-only at the same path (the host's `/tmp` is private in the
     sandbox, so a tool installed under it, e.g. a checkout's node_modules, needs one). These
     apply per handle: an attached handle's commands run under the kwargs it was attached with.
+    `boot_key` makes `boot()` first destroy the sandboxes of this host booted with the same key
+    (under the same `base_dir`), listing their ids in `replaced`.
     """
 
     def __init__(
@@ -87,6 +93,7 @@ class BwrapSandbox:
         env: dict[str, str] | None = None,
         max_output_bytes: int = 16 << 20,
         ro_binds: tuple[str | Path, ...] | list[str | Path] = (),
+        boot_key: str | None = None,
     ):
         self.repo_dir = Path(repo_dir) if repo_dir is not None else None
         self.ro_binds = tuple(str(Path(b).resolve()) for b in ro_binds)
@@ -97,7 +104,10 @@ class BwrapSandbox:
         self.base_dir = base_dir
         self.env = dict(env or {})
         self.max_output_bytes = max_output_bytes
-        self.sandbox_id = f"bwrap-{uuid.uuid4().hex[:12]}"
+        self.boot_key = boot_key
+        key_part = _key_hex(boot_key) if boot_key is not None else ""
+        self.sandbox_id = f"bwrap-{key_part}{uuid.uuid4().hex[:8 if boot_key is not None else 12]}"
+        self.replaced: list[str] = []
         self.root: Path | None = None
         self._procs: set[asyncio.subprocess.Process] = set()
 
@@ -130,8 +140,10 @@ class BwrapSandbox:
             raise ConfigError(f"sandbox {self.sandbox_id} is already running; boot() it once")
         if self.repo_dir is not None and not self.repo_dir.is_dir():
             raise ConfigError(f"sandbox repo_dir {str(self.repo_dir)!r} is not a directory")
-        name = f"{_PREFIX}{os.getpid()}-{_hex_of(self.sandbox_id)}"
-        root = Path(self.base_dir or tempfile.gettempdir()) / name
+        base = Path(self.base_dir or tempfile.gettempdir())
+        if self.boot_key is not None:
+            await self._replace_keyed(base)
+        root = base / f"{_PREFIX}{os.getpid()}-{_hex_of(self.sandbox_id)}"
         try:
             root.mkdir(mode=0o700)
         except OSError as e:
@@ -278,6 +290,16 @@ class BwrapSandbox:
 
     # -- internals -------------------------------------------------------------------------
 
+    async def _replace_keyed(self, base: Path) -> None:
+        """Destroy the sandboxes under `base` booted with this `boot_key` (by any process):
+        an earlier attempt of this boot left them. Their commands die with them."""
+        pattern = f"{_PREFIX}*-{_key_hex(self.boot_key)}{'[0-9a-f]' * 8}"
+        for root in sorted(base.glob(pattern)):
+            old = BwrapSandbox(base_dir=base, run_as_uid=self.run_as_uid)
+            old.sandbox_id, old.root = f"bwrap-{root.name.rsplit('-', 1)[1]}", root
+            await old.destroy()
+            self.replaced.append(old.sandbox_id)
+
     def _find_tools(self) -> None:
         self._bwrap = shutil.which("bwrap")
         self._prlimit = shutil.which("prlimit")
@@ -364,6 +386,11 @@ class BwrapSandbox:
             for name in dirnames + filenames:
                 self._own(Path(dirpath, name))
 
+
+
+def _key_hex(boot_key: str) -> str:
+    """12 hex digits naming a boot key in workdir names (any string is a key; names stay short)."""
+    return hashlib.sha256(boot_key.encode()).hexdigest()[:12]
 
 
 def _hex_of(sandbox_id: str) -> str:

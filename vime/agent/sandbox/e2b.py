@@ -10,6 +10,10 @@ timeout in seconds) bounds what a crashed worker can leak.
 `attach` is the SDK's `AsyncSandbox.connect`: any process holding the API key can reach a
 sandbox by id, and each attach renews its lifetime. A VM that was killed or expired is
 `SandboxGone`, whether noticed on attach or on a later command.
+
+A keyed VM (`boot_key`) carries the key in its E2B metadata (`BOOT_KEY_METADATA`); a keyed
+`boot` first lists the account's VMs with that metadata (`AsyncSandbox.list`, filtered by the
+provider) and kills them: what an earlier attempt of the same boot left, from any machine.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ from vime.agent.sandbox.base import (
 )
 from vime.errors import ConfigError
 
+BOOT_KEY_METADATA = "vime_boot_key"
+"""The E2B metadata field holding a keyed VM's `boot_key`."""
+
 
 def _sdk() -> Any:
     try:
@@ -45,7 +52,9 @@ class E2BSandbox:
 
     `template` is the E2B template id or name (its image holds the toolchain the tasks need);
     `api_key` defaults to the SDK's `E2B_API_KEY` environment variable; `network=False` asks the
-    provider to deny internet access. `sdk` replaces the `e2b` module (tests pass a fake).
+    provider to deny internet access. `boot_key` makes `boot()` first kill the account's VMs
+    booted with the same key, listing their ids in `replaced`. `sdk` replaces the `e2b` module
+    (tests pass a fake).
     """
 
     def __init__(
@@ -58,11 +67,14 @@ class E2BSandbox:
         wall_timeout: float = 1800.0,
         api_key: str | None = None,
         env: dict[str, str] | None = None,
+        boot_key: str | None = None,
         sdk: Any = None,
     ):
         self.repo_dir = Path(repo_dir) if repo_dir is not None else None
         self.template, self.network, self.lifetime = template, network, lifetime
         self.wall_timeout, self.api_key, self.env = wall_timeout, api_key, dict(env or {})
+        self.boot_key = boot_key
+        self.replaced: list[str] = []
         self._sdk_override = sdk
         self._sbx: Any = None
         self.sandbox_id = "e2b-(not started)"
@@ -95,9 +107,13 @@ class E2BSandbox:
         if self._sbx is not None:
             raise ConfigError(f"sandbox {self.sandbox_id} is already running; boot() it once")
         self._e2b = self._sdk_override or _sdk()
+        if self.boot_key is not None:
+            await self._replace_keyed()
         opts: dict[str, Any] = {"template": self.template, "timeout": self.lifetime}
         opts["envs"] = self.env or None
         opts["allow_internet_access"] = self.network
+        if self.boot_key is not None:
+            opts["metadata"] = {BOOT_KEY_METADATA: self.boot_key}
         if self.api_key:
             opts["api_key"] = self.api_key
         try:
@@ -195,6 +211,22 @@ class E2BSandbox:
         Path(local_dir).mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(bytes(data)), mode="r:gz") as tar:
             tar.extractall(local_dir, filter="data")  # no absolute paths, no escaping links
+
+    async def _replace_keyed(self) -> None:
+        """Kill the account's VMs booted with this `boot_key` (an earlier attempt of this boot)."""
+        auth = {"api_key": self.api_key} if self.api_key else {}
+        query = self._e2b.SandboxQuery(metadata={BOOT_KEY_METADATA: self.boot_key})
+        try:
+            pages = self._e2b.AsyncSandbox.list(query=query, **auth)
+            found = []
+            while pages.has_next:
+                found += [info.sandbox_id for info in await pages.next_items()]
+            for provider_id in found:
+                await self._e2b.AsyncSandbox.kill(provider_id, **auth)
+                self.replaced.append(f"e2b-{provider_id}")
+        except Exception as e:
+            raise SandboxError(f"e2b boot key {self.boot_key!r}: could not list or kill the VMs an earlier "
+                               f"attempt booted ({e}); check the API key and the provider's status") from e
 
     def _running(self) -> Any:
         if self._sbx is None:
