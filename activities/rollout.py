@@ -1,38 +1,83 @@
-"""The `generate_group` activity: one prompt group → generate + reward → the store → refs.
+"""The `generate_group` activity: one prompt group → generate + reward → the store → rollout ids.
 
 Idempotent on (run, rollout ids of the group): a retry after a crash finds the group already
-stored and returns its refs without generating again; a retry after a crash mid-generation
+stored and returns it without generating again; a retry after a crash mid-generation
 generates again and writes once (the store keeps the first write of a rollout).
+
+A group is stored whole or not at all: if any of its rollouts hit an infrastructure failure
+(the engine died, was cut off or stalled), nothing is written and the activity fails with a
+retryable `InfraFailure` after the engine answers again (or a bounded wait), so Temporal's retry
+generates the group anew on a live engine (same seeds, same draws). Configuration errors (a
+reward function that raised, a hook breaking the Sample contract) fail the activity for good
+(`activities.errors`). Store calls run in a thread: the worker's event loop also runs workflow
+tasks and heartbeats, and a write may wait for a lock.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
+import aiohttp
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
+from activities.errors import final_config_errors
 from activities.heartbeat import heartbeating
+from activities.store_calls import store_call
+from vime.plugins import call_hook_async, load_hook
 from vime.rollout.data_source import make_data_source
 from vime.rollout.filters import apply_dynamic_filter
-from vime.plugins import call_hook_async, load_hook
+from vime.rollout.generate import router_url
 from vime.rollout.group import run_group
 from vime.store import SampleStore
-from vime.types import RolloutRef, Sample, SampleRef
+from vime.types import Sample
 from workflows.rollout import RolloutInput, RolloutOutput, RolloutStepInput, RolloutStepOutput
 
+INFRA_FAILURE = "InfraFailure"
+ENGINE_WAIT_S = 30.0
 
-def _summary(position: int, rollouts: list[RolloutRef], keep: bool, reason: str | None) -> RolloutOutput:
-    rewards = [s.reward for r in rollouts for s in r.samples[-1:] if s.reward is not None]
-    failed = all(r.infra_failure for r in rollouts) if rollouts else False
-    return RolloutOutput(position, rollouts, keep=keep and not failed, filter_reason=reason,
+
+def summarize(position: int, ids: list[str], results: list[list[Sample]], keep: bool = True,
+              reason: str | None = None) -> RolloutOutput:
+    """The small summary of a stored group that travels back through Temporal."""
+    samples = [s for rollout in results for s in rollout]
+    infra = [s for s in samples if (s.metadata or {}).get("infra_failure")]
+    errors = [s for s in samples if s.status == Sample.Status.FAILED and s not in infra]
+    rewards = [r[-1].reward for r in results if r and isinstance(r[-1].reward, (int, float))
+               and not (r[-1].metadata or {}).get("infra_failure")]
+    first = next(((s.metadata or {}) for s in errors), None)
+    first_error = None
+    if first is not None:
+        first_error = f"{first.get('error_source', 'generate')} failed: {first.get('error')}"
+    failed = bool(samples) and len(infra) == len(samples)
+    return RolloutOutput(position, ids, keep=keep and not failed, filter_reason=reason,
                          reward_mean=sum(rewards) / len(rewards) if rewards else None,
-                         status="failed" if failed else "completed")
+                         status="failed" if failed else "completed", samples=len(samples),
+                         errors=len(errors), infra=len(infra), first_error=first_error)
 
 
-def _ref(run_id: str, rollout_id: str, refs: list[SampleRef], weight_version: int,
-         samples: list[Sample]) -> RolloutRef:
-    failure = next((str(s.metadata["infra_failure"]) for s in samples if s.metadata.get("infra_failure")), None)
-    return RolloutRef(run_id, rollout_id, refs, weight_version, failure)
+def _infra_cause(results: list[list[Sample]]) -> tuple[int, str] | None:
+    causes = [s.metadata["infra_failure"] for r in results for s in r if (s.metadata or {}).get("infra_failure")]
+    return (len(causes), str(causes[0])) if causes else None
+
+
+async def wait_for_engine(url: str, timeout: float = ENGINE_WAIT_S) -> bool:
+    """Poll `url/health` (heartbeating) until it answers 200 or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
+        while time.monotonic() < deadline:
+            try:
+                async with http.get(url.rstrip("/") + "/health") as resp:
+                    if resp.status == 200:
+                        return True
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                pass
+            if activity.in_activity():
+                activity.heartbeat("waiting for the engine")
+            await asyncio.sleep(1.0)
+    return False
 
 
 class RolloutActivities:
@@ -42,26 +87,28 @@ class RolloutActivities:
         self.data_source = make_data_source(args)
 
     @activity.defn(name="generate_group")
+    @final_config_errors
     async def generate_group(self, inp: RolloutInput) -> RolloutOutput:
         group = self.data_source.prompt_group(inp.position)
         ids = [str(slot.index) for slot in group]  # the slot's id is the rollout's idempotency key
-        stored = [self.store.rollout_refs(inp.run_id, rid) for rid in ids]
-        if all(stored):  # a retry of a group that was written: answer from the store
-            results = [self.store.read_rollout(inp.run_id, rid) for rid in ids]
-            return self._output(inp, ids, results, stored)
+        stored = await store_call(self._stored, inp.run_id, ids)
+        if stored is not None:  # a retry of a group that was written: answer from the store
+            return self._output(inp.position, ids, stored)
 
         async with heartbeating():
             results = await run_group(self.args, group, evaluation=inp.evaluation)
+            await self._retry_if_infra(results, f"group {inp.position}")
         keep, reason = apply_dynamic_filter(self.args, [s for r in results for s in r])
         for rid, siblings in zip(ids, results):
             for s in siblings:
                 s.rollout_id = rid
                 s.metadata.setdefault("weight_version", inp.weight_version)
                 s.metadata["filter"] = {"keep": keep, "reason": reason}
-        written = self.store.write_rollouts(inp.run_id, dict(zip(ids, results)))
-        return self._output(inp, ids, results, [written[rid] for rid in ids])
+        await store_call(self.store.write_rollouts, inp.run_id, dict(zip(ids, results)))
+        return summarize(inp.position, ids, results, keep, reason)
 
     @activity.defn(name="generate_rollout_step")
+    @final_config_errors
     async def generate_rollout_step(self, inp: RolloutStepInput) -> RolloutStepOutput:
         """A whole step by `--rollout-function-path generate_rollout(args, rollout_id, data_source)`.
 
@@ -74,6 +121,7 @@ class RolloutActivities:
         source.load_state_dict({"position": inp.position})
         async with heartbeating():
             groups = await call_hook_async(fn, self.args, inp.step, source, evaluation=False)
+            await self._retry_if_infra([list(g) for g in groups], f"rollout step {inp.step}")
         outputs = []
         for g, group in enumerate(groups):
             by_rollout: dict[str, list[Sample]] = {}
@@ -81,14 +129,30 @@ class RolloutActivities:
                 s.rollout_id = str(s.rollout_id) if s.rollout_id is not None else f"s{inp.step}-g{g}-{i}"
                 s.metadata.setdefault("weight_version", inp.weight_version)
                 by_rollout.setdefault(s.rollout_id, []).append(s)
-            written = self.store.write_rollouts(inp.run_id, by_rollout)
+            await store_call(self.store.write_rollouts, inp.run_id, by_rollout)
             ids = list(by_rollout)
-            outputs.append(self._output(RolloutInput(inp.run_id, inp.step, g, inp.weight_version), ids,
-                                        [by_rollout[r] for r in ids], [written[r] for r in ids]))
+            outputs.append(summarize(g, ids, [by_rollout[r] for r in ids]))
         return RolloutStepOutput(outputs, getattr(source, "position", inp.position))
 
-    def _output(self, inp: RolloutInput, ids: list[str], results: list[list[Sample]],
-                refs: list[list[SampleRef]]) -> RolloutOutput:
-        rollouts = [_ref(inp.run_id, rid, r, inp.weight_version, samples) for rid, r, samples in zip(ids, refs, results)]
+    def _stored(self, run_id: str, ids: list[str]) -> list[list[Sample]] | None:
+        """The group's rollouts if every one of them is stored (a retry after the write)."""
+        if not all(self.store.rollout_refs(run_id, rid) for rid in ids):
+            return None
+        return [self.store.read_rollout(run_id, rid) for rid in ids]
+
+    def _output(self, position: int, ids: list[str], results: list[list[Sample]]) -> RolloutOutput:
         verdict = results[0][0].metadata.get("filter", {}) if results and results[0] else {}
-        return _summary(inp.position, rollouts, bool(verdict.get("keep", True)), verdict.get("reason"))
+        return summarize(position, ids, results, bool(verdict.get("keep", True)), verdict.get("reason"))
+
+    async def _retry_if_infra(self, results: list[list[Sample]], what: str) -> None:
+        """Store nothing of a group that hit an infrastructure failure: wait (bounded) for the
+        engine to answer, then fail retryably so Temporal generates the group again."""
+        infra = _infra_cause(results)
+        if infra is None:
+            return
+        count, cause = infra
+        back = await wait_for_engine(router_url(self.args))
+        raise ApplicationError(
+            f"{what}: {count} of {sum(len(r) for r in results)} samples hit an infrastructure failure ({cause}); "
+            f"nothing stored, the group is generated again {'now' if back else 'when the engine answers'}",
+            type=INFRA_FAILURE)

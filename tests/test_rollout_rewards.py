@@ -13,7 +13,7 @@ from vime.args import parse_args
 from vime.errors import ConfigError, ServiceError
 from vime.rollout import rewards
 from vime.rollout.filters import DynamicFilterOutput, apply_dynamic_filter, check_reward_nonzero_std
-from vime.rollout.rewards import group_rewards, reward, reward_value
+from vime.rollout.rewards import RewardError, group_rewards, reward, reward_value
 from vime.types import Sample
 
 _ids = itertools.count()
@@ -88,9 +88,22 @@ async def test_a_slime_reward_function_runs_unchanged(tmp_path, hook_module):
     assert await reward(make_args(tmp_path, "--custom-rm-path", f"{mod}.sync_rm"), Sample(response="abc")) == 3.0
     with pytest.raises(ConfigError, match=rf"--custom-rm-path '{mod}.wrong' returned str 'good'; a reward is a number"):
         await reward(make_args(tmp_path, "--custom-rm-path", f"{mod}.wrong"), Sample())
-    with pytest.raises(KeyError) as info:
-        await reward(make_args(tmp_path, "--custom-rm-path", f"{mod}.broken"), Sample())
-    assert any(f"--custom-rm-path '{mod}.broken'" in note for note in info.value.__notes__)
+    with pytest.raises(RewardError, match=rf"--custom-rm-path '{mod}.broken' raised KeyError: 'label' on sample 7 "
+                                          rf"\(.*{mod}.py:\d+\)"):
+        await reward(make_args(tmp_path, "--custom-rm-path", f"{mod}.broken"), Sample(index=7))
+
+
+async def test_a_reward_that_is_nan_or_infinite_is_a_final_error_naming_the_hook(tmp_path, hook_module):
+    mod = hook_module("""
+        async def nan(args, sample):
+            return float("nan")
+
+        async def inf(args, sample):
+            return float("-inf")
+    """)
+    for name in ("nan", "inf"):
+        with pytest.raises(RewardError, match=rf"--custom-rm-path '{mod}.{name}' returned .*; a reward must be a finite"):
+            await reward(make_args(tmp_path, "--custom-rm-path", f"{mod}.{name}"), Sample())
 
 
 async def test_group_rm_calls_the_batched_function_once_per_group(tmp_path, hook_module):

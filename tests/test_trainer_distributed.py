@@ -16,24 +16,21 @@ import json, sys
 from vime.args import parse_args
 from vime.train import distributed as dist_utils
 from vime.train.group import TrainerGroup
-from vime.types import RolloutRef, SampleRef
 
-argv, refs_path, out_path = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
+argv, steps_path, out_path = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 group = TrainerGroup(parse_args(argv))
 if dist_utils.rank() != 0:
     group.follow()
 else:
-    per_step = [[RolloutRef(r["run_id"], r["rollout_id"], [SampleRef(**s) for s in r["samples"]]) for r in step]
-                for step in json.load(open(refs_path))]
-    steps = [group.call("train_step", "run", i, refs) for i, refs in enumerate(per_step)]
+    steps = [group.call("train_step", "run", i) for i in range(json.load(open(steps_path)))]
     group.stop()
     json.dump(steps, open(out_path, "w"))
 """
 
 
-def run_ranks(nproc: int, argv: list[str], refs: Path, out: Path) -> list[dict]:
+def run_ranks(nproc: int, argv: list[str], steps: Path, out: Path) -> list[dict]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-           "--rdzv-endpoint", "127.0.0.1:0", str(out.with_suffix(".py")), json.dumps(argv), str(refs), str(out)]
+           "--rdzv-endpoint", "127.0.0.1:0", str(out.with_suffix(".py")), json.dumps(argv), str(steps), str(out)]
     out.with_suffix(".py").write_text(SCRIPT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VIME_LOG_LEVEL": "WARNING"}
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
@@ -42,7 +39,6 @@ def run_ranks(nproc: int, argv: list[str], refs: Path, out: Path) -> list[dict]:
 
 
 def test_two_ranks_give_the_same_losses_and_gradients_as_one(tiny_model_dir, tmp_path):
-    refs = []
     with SampleStore.open(tmp_path) as store:
         store.ensure_run("run")
         for step in range(2):
@@ -50,19 +46,18 @@ def test_two_ranks_give_the_same_losses_and_gradients_as_one(tiny_model_dir, tmp
             for s in synthetic_batch(step):
                 s.rollout_id = f"{step}-{s.rollout_id}"
                 by_rollout[s.rollout_id] = [s]
-            written = store.write_rollouts("run", by_rollout)
-            refs.append([{"run_id": "run", "rollout_id": rid, "samples": [vars(r) for r in written[rid]]}
-                         for rid in by_rollout])
-    (tmp_path / "refs.json").write_text(json.dumps(refs))
+            store.write_rollouts("run", by_rollout)
+            store.write_step_manifest("run", step, list(by_rollout))
+    (tmp_path / "steps.json").write_text(json.dumps(2))
     base = ["--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
             "--global-batch-size", "8", "--lr", "1e-3", "--max-tokens-per-gpu", "40"]
 
     one = run_ranks(1, base + ["--store-url", f"sqlite:///{tmp_path}/vime.db", "--run-dir", str(tmp_path / "a")],
-                    tmp_path / "refs.json", tmp_path / "one.json")
+                    tmp_path / "steps.json", tmp_path / "one.json")
     with SampleStore.open(tmp_path) as store, store.engine.begin() as conn:
         conn.exec_driver_sql("UPDATE samples SET trained_step = NULL")  # the same samples, trained again
     two = run_ranks(2, base + ["--store-url", f"sqlite:///{tmp_path}/vime.db", "--run-dir", str(tmp_path / "b")],
-                    tmp_path / "refs.json", tmp_path / "two.json")
+                    tmp_path / "steps.json", tmp_path / "two.json")
     for a, b in zip(one, two):
         assert abs(a["loss"] - b["loss"]) < 1e-5
         assert abs(a["grad_norm"] - b["grad_norm"]) / a["grad_norm"] < 1e-3

@@ -17,6 +17,7 @@ commands:
   train        start or resume a training run (Temporal, vLLM and workers are started as needed)
   smoke        start the embedded Temporal + vLLM services and sample from the model once
   sft          supervised warm start on --sft-data traces (their loss_mask tokens); saves an HF model to --save
+  engine       run one vLLM server with every flag vime needs (--engine-port; --print-command to see it)
   tiny-model   build (or find in the cache) the tiny test model and print its directory
 
 `vime <command> --help` lists the flags, grouped (data, rollout, reward, training, ...,
@@ -45,6 +46,13 @@ def _sft(argv: list[str]) -> int:
     return main(parse_args(argv))
 
 
+def _engine(argv: list[str]) -> int:
+    from vime.args import parse_args
+    from vime.engine.serve import main
+
+    return main(parse_args([a for a in argv if a != "--print-command"]), argv)
+
+
 def _tiny_model(argv: list[str]) -> int:
     from vime.testing.tiny_model import main
 
@@ -55,6 +63,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": _train,
     "smoke": _smoke,
     "sft": _sft,
+    "engine": _engine,
     "tiny-model": _tiny_model,
 }
 

@@ -3,7 +3,19 @@
 What is not given is started here: the Temporal dev server (no `--temporal-address`), vLLM
 servers and a router (no `--vllm-router-ip`), and always the run's workers (rollout queue,
 trainer) as supervised child processes. Then the `train-<run>` workflow is started — or, if it
-is already running, simply followed — and its progress printed until it finishes.
+is already running, followed; if it failed, started again from the last checkpoint — and its
+progress printed until it finishes.
+
+Durable to the edges (DESIGN.md, principle 7):
+- everything is checked before anything starts (`vime.preflight`);
+- one launcher per run directory (`vime.rundir`), which first stops whatever an earlier launch
+  left running; every child dies with the launcher, even on SIGKILL (`vime.procguard`);
+- every part started here is supervised while the run goes (`vime.follow`): Temporal restarts on
+  the same port and file, a vLLM server on the same address with the current weights, a worker
+  with Temporal told at once;
+- nothing that changes between launches (ports) is frozen in the workflow's input: workers get
+  this launch's addresses as flags;
+- Ctrl-C (or SIGTERM) stops every part and prints what was saved and the command that resumes.
 """
 
 from __future__ import annotations
@@ -11,76 +23,69 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shlex
 import signal
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from temporalio.client import WorkflowHandle
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
-from temporalio.exceptions import WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
 
+from vime.engine import live_weights
+from vime.engine.fleet import EngineFleet
 from vime.engine.server import VLLMServer
 from vime.engine.weight_sync import weight_sync_server_args
-from vime.errors import ConfigError
+from vime.errors import VimeError
+from vime.follow import Follower
 from vime.log import get_logger
+from vime.preflight import preflight
+from vime.rundir import RunDirLock
 from vime.store import SampleStore
-from vime.supervisor import Supervisor, WorkerProcess
+from vime.recovery import recover_from_earlier_launch
+from vime.supervisor import LAUNCH_ID, Supervisor, WorkerProcess
 from vime.temporal.client import temporal_service
 from vime.train.checkpoint import latest_checkpoint, read_state
-from workflows.training import TrainingConfig, TrainingInput, TrainingState, TrainingWorkflow
+from workflows.training import TrainingConfig, TrainingInput, TrainingState, TrainingWorkflow, failure_message
 
 log = get_logger(__name__)
 
+DEFAULT_ROLLOUT_FUNCTION = "vime.rollout.vllm_rollout.generate_rollout"
+
 
 @dataclass
-class Engines:
-    router_url: str  # what generate functions call
-    server_urls: list[str]  # where weights are pushed
+class ExternalEngines:
+    """Servers the user runs (--vllm-router-ip/port): used as they are, not supervised."""
 
+    url: str
+    server_urls: list[str]
 
-DEFAULT_ROLLOUT_FUNCTION = "vime.rollout.vllm_rollout.generate_rollout"
-HOOK_FLAGS = ("rollout_function_path", "custom_generate_function_path", "dynamic_sampling_filter_path",
-              "buffer_filter_path", "eval_function_path", "custom_rm_path", "data_source_path")
-
-
-def check_args(args) -> None:
-    """Fail before starting anything: required flags, and every hook path must load."""
-    from vime.plugins import load_hook
-
-    missing = [f"--{n.replace('_', '-')}" for n in ("hf_checkpoint", "prompt_data", "rollout_batch_size", "num_rollout")
-               if getattr(args, n) in (None, "")]
-    if missing:
-        raise ConfigError(f"vime train needs {', '.join(missing)}")
-    for dest in HOOK_FLAGS:
-        load_hook(args, dest)
+    async def check(self) -> list[str]:
+        return []
 
 
 @contextlib.contextmanager
-def engines(args, run_dir: Path) -> Iterator[Engines]:
-    """The rollout servers: the ones given by --vllm-router-ip/port, else N started here."""
+def engines(args, run_dir: Path) -> Iterator[EngineFleet | ExternalEngines]:
+    """The rollout servers: the ones given by --vllm-router-ip/port, else N started (and kept) here."""
     if args.vllm_router_ip and args.vllm_router_port:
         url = f"http://{args.vllm_router_ip}:{args.vllm_router_port}"
-        yield Engines(url, list(args.vllm_server_urls or [url]))
+        yield ExternalEngines(url, list(args.vllm_server_urls or [url]))
         return
     server_args = weight_sync_server_args() + list(args.vllm_server_args)
-    servers = [VLLMServer(args.hf_checkpoint, server_args=server_args, log_path=run_dir / f"vllm-{i}.log")
-               for i in range(args.vllm_num_servers)]
-    with contextlib.ExitStack() as stack:
-        print(f"[vime] starting {len(servers)} vLLM server(s) on {args.hf_checkpoint}")
-        with ThreadPoolExecutor(len(servers)) as pool:
-            list(pool.map(lambda s: stack.enter_context(s), servers))
-        urls = [s.url for s in servers]
-        if len(servers) == 1:
-            yield Engines(urls[0], urls)
-            return
+    servers = [VLLMServer(args.hf_checkpoint, server_args=server_args, log_path=run_dir / f"vllm-{i}.log",
+                          run_dir=run_dir) for i in range(args.vllm_num_servers)]
+    router = None
+    if len(servers) > 1:
         from vime.router.launch import Router
 
-        router = stack.enter_context(Router(urls, args.router_args, log_path=run_dir / "router.log"))
-        yield Engines(router.url, urls)
+        router = Router([s.url for s in servers], args.router_args, log_path=run_dir / "router.log", run_dir=run_dir)
+    print(f"[vime] starting {len(servers)} vLLM server(s) on {args.hf_checkpoint} (log: {servers[0].log_path})",
+          flush=True)
+    with EngineFleet(servers, run_dir=run_dir, router=router) as fleet:
+        yield fleet
 
 
 def initial_state(args) -> TrainingState:
@@ -89,106 +94,190 @@ def initial_state(args) -> TrainingState:
     if path is None:
         return TrainingState()
     state = read_state(path)
-    print(f"[vime] resuming from {path} (step {state['step']})")
+    print(f"[vime] resuming from {path} (step {state['step']})", flush=True)
     return TrainingState(step=state["step"], data_position=state["data_position"],
                          weight_version=state["weight_version"], checkpoint_step=state["step"], checkpoint=str(path))
 
 
-def training_config(args, urls: Engines) -> TrainingConfig:
+def training_config(args) -> TrainingConfig:
     return TrainingConfig(
         run_id=args.run_id, num_rollout=args.num_rollout, rollout_batch_size=args.rollout_batch_size,
         over_sampling_batch_size=args.over_sampling_batch_size or args.rollout_batch_size,
-        engine_urls=urls.server_urls, trainer_task_queue=args.trainer_task_queue, max_staleness=args.max_staleness,
+        trainer_task_queue=args.trainer_task_queue, max_staleness=args.max_staleness,
         save=str(Path(args.save).resolve()) if args.save else None, save_interval=args.save_interval,
         trainer_heartbeat_seconds=args.heartbeat_timeout, rollout_heartbeat_seconds=args.heartbeat_timeout,
         custom_rollout_function=args.rollout_function_path != DEFAULT_ROLLOUT_FUNCTION,
         rollout_task_queue=args.rollout_task_queue, rollout_workflow=args.rollout_workflow,
         n_samples_per_prompt=args.n_samples_per_prompt, sandbox_task_queue=args.sandbox_task_queue,
+        continue_as_new_after_steps=args.continue_as_new_after_steps,
     )
 
 
-def format_progress(m: dict, total: int) -> str:
-    """One line per finished step: a bar, reward, KL, length, throughput and time per phase."""
-    done = m["step"] + 1
-    bar = "#" * int(20 * done / max(1, total))
-    kl = m.get("kl_loss", m.get("ref_kl"))
-    return (f"[{bar:<20}] step {done}/{total} | reward {m.get('reward_mean', float('nan')):.3f}"
-            + (f" | kl {kl:.4f}" if kl is not None else "")
-            + f" | len {m.get('response_length_mean', 0):.1f} | {m.get('train_tokens_per_second', 0):.0f} tok/s"
-            + f" | rollout {m.get('rollout_wait_seconds', 0):.1f}s train {m.get('train_phase_seconds', 0):.1f}s"
-            + f" sync {m.get('sync_seconds', 0):.2f}s (pause {m.get('sync_pause_seconds', 0):.3f}s)")
+_ENDED = {WorkflowExecutionStatus.FAILED: "failed", WorkflowExecutionStatus.TERMINATED: "was terminated",
+          WorkflowExecutionStatus.CANCELED: "was cancelled", WorkflowExecutionStatus.TIMED_OUT: "timed out"}
 
 
-async def follow(handle: WorkflowHandle, supervisor: Supervisor, poll: float = 1.0) -> TrainingState:
-    """Print each finished step; restart dead workers; return the final state."""
-    shown = -1
-    result = asyncio.create_task(handle.result())
-    while not result.done():
-        await asyncio.wait([result], timeout=poll)
-        for name in supervisor.check():
-            print(f"[vime] worker {name} died; restarted it (the run continues)")
-        with contextlib.suppress(Exception):  # a query can fail while a worker restarts: ask again
-            p = await handle.query(TrainingWorkflow.progress)
-            for m in p.get("metrics", []):
-                if m["step"] > shown:
-                    shown = m["step"]
-                    print(format_progress(m, p.get("num_rollout") or 0), flush=True)
-    return await result
-
-
-async def start_or_attach(client, args, urls: Engines) -> WorkflowHandle:
-    """Start `train-<run>`, or follow it if it is running; a finished run is not started again."""
-    workflow_id = f"train-{args.run_id}"
+async def _describe(handle: WorkflowHandle):
     try:
-        return await client.start_workflow(
-            TrainingWorkflow.run, TrainingInput(training_config(args, urls), initial_state(args)),
-            id=workflow_id, task_queue=args.rollout_task_queue, result_type=TrainingState,
-            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-            id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE)
-    except WorkflowAlreadyStartedError:
-        print(f"[vime] run {args.run_id} has already finished; showing its result (use a new --run-id to train again)")
-        return client.get_workflow_handle(workflow_id, result_type=TrainingState)
+        return await handle.describe()
+    except RPCError as e:
+        if e.status == RPCStatusCode.NOT_FOUND:
+            return None
+        raise
 
 
-async def run_training(args) -> TrainingState:
-    check_args(args)
-    run_dir = Path(args.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with SampleStore.open(args.store_url) as store:
-        store.ensure_run(args.run_id, {k: v for k, v in args.to_dict().items() if k != "vllm_config_data"})
-    async with temporal_service(args.temporal_address, run_dir=run_dir, namespace=args.temporal_namespace) as svc:
-        print(f"[vime] run {args.run_id} in {run_dir}; Temporal {svc.address}"
-              + (f", Web UI {svc.ui_url}" if svc.ui_url else ""))
-        with engines(args, run_dir) as urls:
-            host, port = urls.router_url.removeprefix("http://").rsplit(":", 1)
-            worker_argv = [*args.argv, "--temporal-address", svc.address, "--vllm-router-ip", host,
-                           "--vllm-router-port", port, "--vllm-server-urls", *urls.server_urls]
-            workers = [WorkerProcess("rollout", "workers.rollout", worker_argv, run_dir / "worker-rollout.log"),
-                       WorkerProcess("trainer", "workers.trainer", worker_argv, run_dir / "worker-trainer.log")]
-            with Supervisor(workers) as supervisor:
-                handle = await start_or_attach(svc.client, args, urls)
-                t0 = time.monotonic()
-                state = await follow(handle, supervisor)
-    summary = {"run_id": args.run_id, "steps": state.step, "weight_version": state.weight_version,
-               "seconds": round(time.monotonic() - t0, 1), "checkpoint": state.checkpoint,
-               "metrics": state.metrics}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    print(f"[vime] run {args.run_id} finished: {state.step} steps; summary in {run_dir / 'summary.json'}")
+async def _failure(handle: WorkflowHandle) -> str:
+    try:
+        await handle.result()
+    except Exception as e:  # noqa: BLE001 - what ended it, for one line
+        return failure_message(e)[:300] or type(e).__name__
+    return "no error"
+
+
+async def finished_state(client, args) -> TrainingState | None:
+    """The result of the run's workflow if it completed (a completed run is not trained again)."""
+    handle = client.get_workflow_handle(f"train-{args.run_id}", result_type=TrainingState)
+    described = await _describe(handle)
+    if described is None or described.status != WorkflowExecutionStatus.COMPLETED:
+        return None
+    state = await handle.result()
+    print(f"[vime] run {args.run_id} already finished ({state.step} steps); nothing to train. Pass a new "
+          f"--run-id (with --load {args.save or 'CHECKPOINT'} to start from its weights) to train more", flush=True)
     return state
 
 
-async def _run_until_terminated(args) -> TrainingState:
-    """SIGTERM cancels the run like Ctrl-C does, so every service and worker started here stops
-    (the run itself lives on in Temporal and resumes with the same command)."""
-    task = asyncio.current_task()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
-    return await run_training(args)
+async def start_or_attach(client, args) -> tuple[WorkflowHandle, int | None]:
+    """Start `train-<run>`, follow it if it is running, start it again if it failed. Returns the
+    handle and the step this launch starts from (None when attaching: the workflow tells)."""
+    workflow_id = f"train-{args.run_id}"
+    handle = client.get_workflow_handle(workflow_id, result_type=TrainingState)
+    described = await _describe(handle)
+    status = described.status if described else None
+    if status == WorkflowExecutionStatus.RUNNING:
+        print(f"[vime] run {args.run_id} is in progress; continuing it", flush=True)
+        return handle, None
+    state = initial_state(args)
+    if status in _ENDED:
+        print(f"[vime] run {args.run_id}'s workflow {_ENDED[status]} ({await _failure(handle)}); starting it "
+              f"again from {'step ' + str(state.step) if state.step else 'the beginning'}: steps it recorded "
+              "are trained on their stored rollouts, not sampled again", flush=True)
+    handle = await client.start_workflow(
+        TrainingWorkflow.run, TrainingInput(training_config(args), state),
+        id=workflow_id, task_queue=args.rollout_task_queue, result_type=TrainingState,
+        id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY)
+    return handle, state.step
+
+
+def _workers(args, run_dir: Path, temporal_address: str, fleet) -> list[WorkerProcess]:
+    host, port = fleet.url.removeprefix("http://").rsplit(":", 1)
+    argv = [*args.argv, "--temporal-address", temporal_address, "--vllm-router-ip", host,
+            "--vllm-router-port", port, "--vllm-server-urls", *fleet.server_urls]
+    return [WorkerProcess("rollout", "workers.rollout", argv, run_dir / "worker-rollout.log", run_dir),
+            WorkerProcess("trainer", "workers.trainer", argv, run_dir / "worker-trainer.log", run_dir)]
+
+
+class Launch:
+    """One launch of a run: what it started and what it saw, for the closing lines."""
+
+    def __init__(self, args) -> None:
+        self.args = args
+        self.run_dir = Path(args.run_dir)
+        self.follower: Follower | None = None
+        self.t0 = time.monotonic()
+        self.started_at = time.time()  # a step that finished after this was trained by this launch
+
+    async def run(self) -> TrainingState:
+        args, run_dir = self.args, self.run_dir
+        preflight(args)
+        with RunDirLock(run_dir) as lock:
+            if lock.leftovers:
+                print(f"[vime] stopped {len(lock.leftovers)} process(es) an earlier launch of this run left "
+                      f"running (pids {' '.join(map(str, lock.leftovers[:10]))})", flush=True)
+            with SampleStore.open(args.store_url) as store:
+                store.ensure_run(args.run_id, {k: v for k, v in args.to_dict().items() if k != "vllm_config_data"})
+            live_weights.remove(run_dir)
+            try:
+                return await self._serve()
+            finally:
+                live_weights.remove(run_dir)
+
+    async def _serve(self) -> TrainingState:
+        args, run_dir = self.args, self.run_dir
+        async with temporal_service(args.temporal_address, run_dir=run_dir, namespace=args.temporal_namespace) as svc:
+            print(f"[vime] run {args.run_id} in {run_dir}; Temporal {svc.address}"
+                  + (f", Web UI {svc.ui_url}" if svc.ui_url else ""), flush=True)
+            done = await finished_state(svc.client, args)
+            if done is not None:
+                self._summarize(done)
+                return done
+            with engines(args, run_dir) as fleet:
+                with Supervisor(_workers(args, run_dir, svc.address, fleet)) as supervisor:
+                    handle, start_step = await start_or_attach(svc.client, args)
+                    if start_step is None:  # an earlier launch's workers died with it: their work goes on now
+                        await recover_from_earlier_launch(svc.client, args.run_id, LAUNCH_ID,
+                                                          "the worker's launcher was stopped or died")
+                    self.t0 = time.monotonic()
+                    self.follower = Follower(handle, args.run_id, supervisor, [svc, fleet], start_step=start_step,
+                                             started_at=self.started_at)
+                    state = await self.follower.follow()
+        self._summarize(state)
+        return state
+
+    def _summarize(self, state: TrainingState) -> None:
+        trained = self.follower.steps_trained if self.follower else 0
+        seconds = round(time.monotonic() - self.t0, 1)
+        summary = {"run_id": self.args.run_id, "steps": state.step, "steps_this_launch": trained,
+                   "weight_version": state.weight_version, "seconds": seconds, "checkpoint": state.checkpoint,
+                   "metrics": state.metrics}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        print(f"[vime] run {self.args.run_id} finished: {state.step} steps, {trained} trained by this launch in "
+              f"{seconds:.0f} s; summary in {self.run_dir / 'summary.json'}", flush=True)
+
+    def stopped_line(self, resume_command: str) -> str:
+        """What Ctrl-C prints: where the run stands, what is saved, and the command that resumes."""
+        p = self.follower.progress if self.follower else {}
+        where = f"at step {p['step']}/{self.args.num_rollout}" if "step" in p else "before its first step"
+        saved = f"checkpoint {p['checkpoint']}" if p.get("checkpoint") else "no checkpoint yet"
+        trained = self.follower.steps_trained if self.follower else 0
+        return (f"[vime] stopped run {self.args.run_id} {where} ({trained} steps trained by this launch; samples "
+                f"and step records in {self.args.store_url.removeprefix('sqlite:///')}, {saved}); resume with: "
+                f"{resume_command}")
+
+
+def resume_command() -> str:
+    """This process's own command line, as the user can type it again."""
+    if sys.argv[0].endswith(("vime/cli.py", "vime/cli")):  # python -m vime.cli
+        return shlex.join([sys.executable, "-m", "vime.cli", *sys.argv[1:]])
+    return shlex.join(sys.argv)
+
+
+async def run_training(args) -> TrainingState:
+    """Run (or resume) a training run to its end; see the module docstring."""
+    return await Launch(args).run()
+
+
+def run_to_end(args, resume: str | None = None) -> tuple[int, TrainingState | None]:
+    """Run a launch to its end as a command does: `(exit code, final state)`. Exit 0 when the run
+    finished, 2 on a problem to fix (printed as one line), 130 on Ctrl-C and 143 on SIGTERM (both
+    print what was saved and the command that resumes: `resume`, default this process's own)."""
+    launch = Launch(args)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where a shell started us ignoring it
+
+    async def run() -> TrainingState:
+        task = asyncio.current_task()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+        return await launch.run()
+
+    try:
+        return 0, asyncio.run(run())
+    except VimeError as e:
+        print(f"vime train: error: {e}", file=sys.stderr, flush=True)
+        return 2, None
+    except (KeyboardInterrupt, asyncio.CancelledError) as e:
+        print(launch.stopped_line(resume or resume_command()), file=sys.stderr, flush=True)
+        return (130 if isinstance(e, KeyboardInterrupt) else 143), None
 
 
 def main(args) -> int:
-    try:
-        asyncio.run(_run_until_terminated(args))
-    except asyncio.CancelledError:
-        print("[vime] stopped; run the same command again to resume", file=sys.stderr)
-        return 143
-    return 0
+    return run_to_end(args)[0]

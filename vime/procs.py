@@ -1,31 +1,63 @@
-"""Child processes that vime starts (vLLM, Temporal, a router, workers): stopping them and
-quoting their logs, done one way.
+"""Child processes that vime starts (vLLM, Temporal, a router, workers): starting, stopping
+and quoting their logs, done one way.
 
-Every child starts in its own session (`start_new_session=True`), so it leads a process group:
-stopping the group reaches the grandchildren too (vLLM's engine core, torch workers).
+Every child starts through `vime.procguard` in a session of its own: the guard dies with the
+launcher (parent-death signal), adopts what its command leaves behind, and kills it all when
+the command ends; stopping the guard's process group reaches the grandchildren too (vLLM's
+engine core, torch workers). Every child also carries `VIME_RUN_DIR` in its environment (its
+descendants inherit it), which is how a later launch finds leftovers of an earlier one that
+could not clean up after itself (`leftover_processes`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+RUN_DIR_ENV = "VIME_RUN_DIR"
+
+
+def spawn(cmd: Sequence[str], log_path: str | Path, *, env: Mapping[str, str] | None = None,
+          run_dir: str | Path | None = None) -> subprocess.Popen:
+    """Start `cmd` under the guard, output appended to `log_path` (a header line marks each start,
+    so a restarted service's log keeps the previous one's last words)."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    full_env = dict(os.environ if env is None else env)
+    if run_dir is not None:
+        full_env[RUN_DIR_ENV] = str(Path(run_dir).resolve())
+    with open(log_path, "ab") as out:
+        out.write(f"\n=== vime: started at {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(cmd)[:300]}\n".encode())
+        out.flush()
+        return subprocess.Popen([sys.executable, "-m", "vime.procguard", "--", *cmd], stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
+                                start_new_session=True)
 
 
 def stop_process_group(proc: subprocess.Popen | None, timeout: float = 20.0) -> None:
-    """SIGTERM the process group of `proc`; SIGKILL whatever is left after `timeout` s."""
-    if proc is None or proc.poll() is not None:
+    """Ask `proc` (a guard, or any group leader) to stop with SIGTERM; SIGKILL its whole process
+    group after `timeout` s — and at once if the leader is already dead, since its children
+    (vLLM's engine core, say) may still be running."""
+    if proc is None:
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
+    if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+            os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(5)
 
 
 def log_tail(path: str | Path, lines: int = 30) -> str:
@@ -35,3 +67,74 @@ def log_tail(path: str | Path, lines: int = 30) -> str:
     except OSError:
         return "(no log)"
     return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+_ERROR_LINE = re.compile(r"(^|\s)(\w+(Error|Exception)|error|Killed)\b:?", re.IGNORECASE)
+_NOT_AN_ERROR = re.compile(r"\b(WARNING|WARN|INFO|DEBUG)\b|\"level\": \"(warning|info|debug)\"")
+
+
+def last_error_line(path: str | Path) -> str | None:
+    """The log's last line since the process's latest start that states an error (a Python
+    exception, `error:`), for one-line reports; None when there is none. Warnings and info
+    lines that merely mention an error are not errors."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return None
+    for line in reversed(text.rstrip().splitlines()[-300:]):
+        s = line.strip()
+        if s.startswith("=== vime: started"):
+            return None  # only this start's lines count
+        if not s or s.startswith(("File ", "^", "~")) or _NOT_AN_ERROR.search(s):
+            continue
+        if _ERROR_LINE.search(s):
+            return s[:400]
+    return None
+
+
+def exit_cause(code: int | None, log_path: str | Path) -> str:
+    """Why a child exited, in a few words: the signal that killed it, else its log's last error."""
+    if code is not None and code >= 128:
+        try:
+            return f"killed by {signal.Signals(code - 128).name}"
+        except ValueError:
+            return f"exit code {code}"
+    return last_error_line(log_path) or f"exit code {code}"
+
+
+def leftover_processes(run_dir: str | Path) -> list[int]:
+    """Pids (not this process) whose environment says they belong to `run_dir`."""
+    wanted = f"{RUN_DIR_ENV}={Path(run_dir).resolve()}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if wanted in env:
+            pids.append(int(entry))
+    return pids
+
+
+def kill_leftovers(run_dir: str | Path, timeout: float = 10.0) -> list[int]:
+    """SIGTERM, then SIGKILL, every leftover process of `run_dir`; returns the pids found."""
+    pids = leftover_processes(run_dir)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + (timeout if sig == signal.SIGTERM else 5)
+        while time.monotonic() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.1)
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False

@@ -1,4 +1,11 @@
-"""What every worker entry point shares: flags, logging, the Temporal connection, clean stop."""
+"""What every worker entry point shares: flags, logging, the Temporal connection, clean stop.
+
+A worker started by hand (a cluster) must need nothing but its flags: on start it registers
+vime's search attributes on the Temporal server (idempotent) and creates its run in the store if
+it is new, then prints one line when it polls. A configuration error found while starting is
+printed as one line and ends the process with exit code 2, which `vime train`'s supervisor takes
+as "do not restart me, stop the run with this message".
+"""
 
 from __future__ import annotations
 
@@ -6,23 +13,46 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
+import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from vime.errors import ConfigError
+from vime.errors import ConfigError, ServiceError, VimeError
 from vime.log import configure_logging, get_logger
-from vime.temporal.client import connect
+from vime.temporal.client import connect, ensure_search_attributes
 
 log = get_logger(__name__)
 
+IDENTITY_ENV = "VIME_WORKER_IDENTITY"
 
-async def connect_from_args(args) -> Client:
+
+def worker_identity(kind: str) -> str:
+    """The Temporal identity of this process's workers: the one `vime train` assigned (so it can
+    tell Temporal which activities died with this process), else `kind-pid@host`."""
+    return os.environ.get(IDENTITY_ENV) or f"{kind}-{os.getpid()}@{socket.gethostname()}"
+
+
+async def connect_from_args(args, kind: str = "worker") -> Client:
     if not args.temporal_address:
         raise ConfigError("a worker needs --temporal-address (`vime train` passes the one it started)")
-    return await connect(args.temporal_address, args.temporal_namespace)
+    client = await connect(args.temporal_address, args.temporal_namespace, identity=worker_identity(kind))
+    await ensure_search_attributes(client, args.temporal_namespace)
+    return client
+
+
+def ensure_run(args, store) -> None:
+    """Create the run in the store on first use (a worker started by hand, before any launcher)."""
+    store.ensure_run(args.run_id, {k: v for k, v in args.to_dict().items() if k != "vllm_config_data"})
+
+
+def announce(kind: str, workers: Sequence[Worker], args) -> None:
+    queues = ", ".join(w.task_queue for w in workers)
+    print(f"[vime] worker {kind} ready: run {args.run_id}, Temporal {args.temporal_address}, queues {queues}",
+          flush=True)
 
 
 async def run_until_signalled(workers: Sequence[Worker], shutdown_timeout: float = 15.0) -> None:
@@ -65,3 +95,14 @@ def exit_anyway(after: float) -> None:
 
 def setup_logging() -> None:
     configure_logging()
+
+
+def run_worker(serve: Callable[[], Awaitable[None]]) -> int:
+    """Run a worker's `serve()`; a vime error is one line on stderr and exit code 2 (configuration)
+    or 1 (a service it needs is missing), not a traceback."""
+    try:
+        asyncio.run(serve())
+    except VimeError as e:
+        print(f"vime: error: {e}", file=sys.stderr, flush=True)
+        return 1 if isinstance(e, ServiceError) else 2
+    return 0

@@ -15,37 +15,47 @@ from temporalio.worker import Worker
 from activities.coding_agent import CodingAgentActivities
 from activities.rollout import RolloutActivities
 from activities.sandbox import SandboxActivities
+from activities.steps import StepActivities
 from vime.agent.coding.config import close_shared_adapters
 from vime.agent.sandbox.bwrap import reap_stale_workdirs
 from vime.args import parse_args_or_exit
 from vime.rollout.generate import close_engine_clients
 from vime.rollout.tokenization import get_tokenizer
 from vime.store import SampleStore
-from workers.common import connect_from_args, run_until_signalled, setup_logging
+from workers.common import (announce, connect_from_args, ensure_run, run_until_signalled, run_worker,
+                            setup_logging)
 from workflows.coding_agent import CodingAgentRolloutWorkflow
 from workflows.rollout import RolloutWorkflow
 from workflows.training import TrainingWorkflow
 
 
 async def serve(args) -> None:
-    client = await connect_from_args(args)
+    client = await connect_from_args(args, "rollout")
     if args.hf_checkpoint:  # the first load takes seconds: not inside an activity's event loop
         get_tokenizer(args.hf_checkpoint)
     with SampleStore.open(args.store_url) as store:
+        ensure_run(args, store)
         acts = RolloutActivities(args, store)
-        activities = [acts.generate_group, acts.generate_rollout_step]
+        activities = [acts.generate_group, acts.generate_rollout_step, *StepActivities(store).all()]
         sandboxes = None
         workers = []
-        if args.rollout_workflow == "CodingAgentRolloutWorkflow":  # agent sessions + the sandbox queue
+        if args.rollout_workflow == "CodingAgentRolloutWorkflow":  # agent sessions + the sandbox queues
+            # boots and grading on the shared sandbox queue; what uses a booted sandbox (the session,
+            # its diff, its teardown) on this process's own queue, where the sandbox lives
             sandboxes = SandboxActivities(args, store)
-            activities += CodingAgentActivities(args, store).all()
+            agents = CodingAgentActivities(args, store)
+            activities += agents.on_rollout_queue()
             if args.sandbox_backend == "bwrap":  # workdirs of workers killed with SIGKILL
                 reap_stale_workdirs()
-            workers.append(Worker(client, task_queue=args.sandbox_task_queue, activities=sandboxes.all(),
+            workers.append(Worker(client, task_queue=args.sandbox_task_queue, activities=sandboxes.on_sandbox_queue(),
                                   max_concurrent_activities=64))
+            workers.append(Worker(client, task_queue=sandboxes.host_queue,
+                                  activities=sandboxes.on_host_queue() + agents.on_host_queue(),
+                                  max_concurrent_activities=256))
         workers.insert(0, Worker(client, task_queue=args.rollout_task_queue,
                                  workflows=[TrainingWorkflow, RolloutWorkflow, CodingAgentRolloutWorkflow],
                                  activities=activities, max_concurrent_activities=256))
+        announce("rollout", workers, args)
         try:
             await run_until_signalled(workers)
         finally:  # each step bounded: a stopping worker must exit, and its sandboxes go first
@@ -57,8 +67,8 @@ async def serve(args) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
-    asyncio.run(serve(parse_args_or_exit(argv)))
-    return 0
+    args = parse_args_or_exit(argv)
+    return run_worker(lambda: serve(args))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ serves the trainer activities on a queue of its own, since the model state lives
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import sys
@@ -21,16 +20,17 @@ from activities.train import TrainerActivities
 from vime.args import parse_args_or_exit
 from vime.train import distributed as dist_utils
 from vime.train.group import TrainerGroup
-from workers.common import connect_from_args, run_until_signalled, setup_logging
+from workers.common import announce, connect_from_args, run_until_signalled, run_worker, setup_logging
 
 
 async def serve(args, group: TrainerGroup) -> None:
-    client = await connect_from_args(args)
+    client = await connect_from_args(args, "trainer")
     queue = f"{args.trainer_task_queue}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     acts = TrainerActivities(group, queue, verify_atol=1e-3 if group.trainer.dtype.itemsize == 4 else 5e-2)
-    announce = Worker(client, task_queue=args.trainer_task_queue, activities=[acts.pick_trainer])
+    announcer = Worker(client, task_queue=args.trainer_task_queue, activities=[acts.pick_trainer])
     own = Worker(client, task_queue=queue, activities=acts.all(), max_concurrent_activities=4)
-    await run_until_signalled([announce, own])
+    announce("trainer", [announcer, own], args)
+    await run_until_signalled([announcer, own])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,10 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         group.follow()
         return 0
     try:
-        asyncio.run(serve(args, group))
+        return run_worker(lambda: serve(args, group))
     finally:
         group.stop()
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,10 +1,22 @@
-"""RolloutWorkflow: one prompt group (its n samples) → generate, reward, store → refs.
+"""RolloutWorkflow: one prompt group (its n samples) → generate, reward, store → rollout ids.
 
 One workflow per group for single-turn RL: a workflow per sample would cost more than the
 sample (see notes/peers-measured.md). The id is deterministic (`<run>-rollout-<position>`),
 so a retried start never duplicates a group; the activity is idempotent on the same key,
-so a retried activity never duplicates a sample. Token data goes to the store; only refs
-and small summaries come back.
+so a retried activity never duplicates a sample. Token data goes to the store; only rollout
+ids and small summaries come back.
+
+Failure semantics of the activity (see activities/rollout.py):
+- a group any of whose rollouts hit an infrastructure failure (engine down or cut off, store
+  unreachable) is not stored: the activity fails with a retryable error and Temporal retries it
+  (every `RETRY_MAX_INTERVAL` at most, without limit) until the engine is back — a group is
+  never trained short, and no prompt position is burnt;
+- a configuration error (a reward function that raises or returns NaN, a generate hook that
+  breaks the Sample contract) is non-retryable: the workflow fails with the hook's message,
+  and the training workflow stops the run with it;
+- a sample the model or the user's hook failed (an exception, an HTTP 4xx) is stored FAILED with
+  its error; `errors` and `first_error` carry it up, so a step whose *every* sample failed
+  stops the run instead of training on nothing.
 """
 
 from __future__ import annotations
@@ -17,9 +29,17 @@ from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from vime.temporal.search_attributes import POLICY_VERSION, REWARD, ROLLOUT_ID, ROLLOUT_STATUS, RUN_ID
-    from vime.types import RolloutRef
 
 GENERATE_GROUP = "generate_group"
+CONFIG_ERROR = "ConfigError"
+RETRY_MAX_INTERVAL = timedelta(seconds=10)
+
+
+def rollout_retry_policy() -> RetryPolicy:
+    """Infra failures retry until the engine is back; configuration errors never retry."""
+    return RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+                       maximum_interval=RETRY_MAX_INTERVAL, maximum_attempts=0,
+                       non_retryable_error_types=[CONFIG_ERROR])
 
 
 @dataclass
@@ -34,12 +54,18 @@ class RolloutInput:
 
 @dataclass
 class RolloutOutput:
+    """A finished group as the training workflow sees it: its rollout ids and a summary."""
+
     position: int
-    rollouts: list[RolloutRef] = field(default_factory=list)
+    rollout_ids: list[str] = field(default_factory=list)
     keep: bool = True  # the dynamic-sampling filter's verdict for the group
     filter_reason: str | None = None
     reward_mean: float | None = None
     status: str = "completed"
+    samples: int = 0
+    errors: int = 0  # samples that failed with an error of the model, the data or a hook (not infra)
+    infra: int = 0  # samples that failed for infrastructure reasons (agent rollouts only: kept, not trained)
+    first_error: str | None = None
 
 
 def rollout_workflow_id(run_id: str, position: int) -> str:
@@ -62,7 +88,7 @@ class RolloutWorkflow:
             result_type=RolloutOutput,
             start_to_close_timeout=timedelta(hours=2),
             heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds),
-            retry_policy=RetryPolicy(maximum_attempts=10, non_retryable_error_types=["ConfigError"]),
+            retry_policy=rollout_retry_policy(),
         )
         updates = [ROLLOUT_STATUS.value_set(out.status if out.keep else "filtered")]
         if out.reward_mean is not None:

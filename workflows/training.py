@@ -1,19 +1,33 @@
 """TrainingWorkflow (`train-<run>`): finished rollouts in, update steps out.
 
-Per rollout step: gather `rollout_batch_size` kept prompt groups from RolloutWorkflows,
-`train_step` on the trainer's own task queue, `sync_weights` into the vLLM servers, and a
-checkpoint on schedule. The workflow is a consumer of a stream of finished rollouts: the
-rollouts of step s may start while the policy is at most `max_staleness` versions behind
-step s; `max_staleness=0` is synchronous on-policy training.
+Per rollout step: gather `rollout_batch_size` kept prompt groups from RolloutWorkflows, record
+the step's manifest in the store (`record_step`: its rollout ids, written once), `train_step`
+on the trainer's own task queue, `sync_weights` into the vLLM servers, and a checkpoint on
+schedule. The workflow is a consumer of a stream of finished rollouts: the rollouts of step s
+may start while the policy is at most `max_staleness` versions behind step s;
+`max_staleness=0` is synchronous on-policy training.
+
+What travels through Temporal stays small whatever the batch size: the trainer gets
+`(run, step)` and reads the step's manifest and samples from the store; the state holds
+counters, the checkpoint and recent metrics, never sample refs.
 
 Crash model:
-- a rollout worker dies → its activity times out on heartbeat and retries elsewhere (the
-  store write is idempotent);
-- the trainer dies → its activities time out; the workflow picks another trainer, loads the
-  last checkpoint into it, replays the steps trained since (their rollout refs are kept in the
-  state, so no sample is generated or skipped anew: each is trained once more in the same
-  step, on the same weights lineage), re-syncs the servers and goes on;
-- the workflow's own worker dies → Temporal replays the history on another one.
+- a rollout worker dies → its activities are retried elsewhere (at once when the launcher saw
+  the death, `vime.recovery`; else on heartbeat timeout); the store write is idempotent;
+- an engine dies → the groups it was generating fail as infrastructure failures and their
+  activities retry until it is back (nothing stored, no prompt skipped, no short step);
+- the trainer dies → its activities time out (or fail with `WorkerLost`); the workflow picks
+  another trainer, loads the last checkpoint into it, replays the steps trained since from
+  their manifests (each sample trained once more in the same step, on the same lineage),
+  re-syncs the servers and goes on;
+- the workflow's own worker dies → Temporal replays the history on another one;
+- the workflow fails (a configuration error) → `vime train` starts it again under the same id
+  from the last checkpoint; steps already recorded are trained on their manifests, not sampled
+  again (`recorded_steps`).
+
+Continue-as-new (when Temporal suggests it, or every `continue_as_new_after_steps` steps): no
+new rollouts start, the prefetched steps in flight finish and record their manifests, and the
+next run finds them with `recorded_steps`: nothing is lost or collected twice.
 """
 
 from __future__ import annotations
@@ -28,11 +42,14 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 
 with workflow.unsafe.imports_passed_through():
     from vime.temporal.search_attributes import POLICY_VERSION, ROLLOUT_STATUS, RUN_ID
-    from vime.types import RolloutRef
-    from workflows.rollout import (ROLLOUT_STEP, RolloutInput, RolloutOutput, RolloutStepInput,
-                                   RolloutStepOutput, RolloutWorkflow, rollout_workflow_id)
     from workflows.coding_agent import (AgentRolloutInput, CodingAgentRolloutWorkflow,
                                         agent_workflow_id)
+    from workflows.rollout import (CONFIG_ERROR, ROLLOUT_STEP, RolloutInput, RolloutOutput,
+                                   RolloutStepInput, RolloutStepOutput, RolloutWorkflow,
+                                   rollout_retry_policy, rollout_workflow_id)
+    from workflows.steps import RECORD_STEP, RECORDED_STEPS, RecordedStep, RecordedStepsInput, StepRecord
+
+WORKER_LOST = "WorkerLost"  # an activity the launcher failed because it saw its worker die
 
 
 @dataclass
@@ -52,14 +69,13 @@ class AttachInput:
 @dataclass
 class TrainInput:
     run_id: str
-    step: int
-    rollouts: list[RolloutRef]
+    step: int  # the trainer reads the step's manifest and samples from the store
 
 
 @dataclass
 class SyncInput:
-    engine_urls: list[str]
     weight_version: int
+    engine_urls: list[str] = field(default_factory=list)  # empty: the trainer's own --vllm-server-urls
 
 
 @dataclass
@@ -77,7 +93,6 @@ class TrainingConfig:
     num_rollout: int
     rollout_batch_size: int
     over_sampling_batch_size: int
-    engine_urls: list[str]
     trainer_task_queue: str = "vime-trainer"
     max_staleness: int = 0
     save: str | None = None
@@ -90,6 +105,7 @@ class TrainingConfig:
     rollout_workflow: str = "RolloutWorkflow"  # or "CodingAgentRolloutWorkflow": one workflow per rollout
     n_samples_per_prompt: int = 1
     sandbox_task_queue: str = "vime-sandbox"
+    continue_as_new_after_steps: int = 0  # 0: when Temporal suggests it
 
 
 @dataclass
@@ -99,7 +115,6 @@ class TrainingState:
     weight_version: int = 0
     checkpoint_step: int = 0
     checkpoint: str | None = None
-    replay: dict[str, list[RolloutRef]] = field(default_factory=dict)  # steps trained since the checkpoint
     metrics: list[dict] = field(default_factory=list)  # the most recent steps' metrics
 
 
@@ -109,7 +124,7 @@ class TrainingInput:
     state: TrainingState = field(default_factory=TrainingState)
 
 
-KEEP_METRICS = 200
+KEEP_METRICS = 100
 MAX_TRAINER_ERRORS = 3
 
 
@@ -121,6 +136,30 @@ def _short(seconds: float) -> dict:
     return dict(start_to_close_timeout=timedelta(seconds=seconds))
 
 
+def _message(error: BaseException) -> str:
+    """An error's own message (Temporal's `str()` prefixes an ApplicationError's type)."""
+    return getattr(error, "message", None) or str(error)
+
+
+def root_message(error: BaseException) -> str:
+    """The innermost cause's message: what the user's hook or the engine said."""
+    while error.__cause__ is not None or getattr(error, "cause", None) is not None:
+        error = getattr(error, "cause", None) or error.__cause__
+    return _message(error)
+
+
+def failure_message(error: BaseException) -> str:
+    """Why a workflow failed, in one line: its own error's message (which names the root cause),
+    else the innermost cause's."""
+    top = getattr(error, "cause", None)
+    text = _message(top) if isinstance(top, ApplicationError) and _message(top) else root_message(error)
+    return (text.splitlines() or [""])[0]
+
+
+def _final(message: str) -> ApplicationError:
+    return ApplicationError(message, type=CONFIG_ERROR, non_retryable=True)
+
+
 @workflow.defn(name="TrainingWorkflow")
 class TrainingWorkflow:
     def __init__(self) -> None:
@@ -128,49 +167,101 @@ class TrainingWorkflow:
         self.state = TrainingState()
         self.trainer: TrainerInfo | None = None
         self.phase = "starting"
+        self.recorded: dict[int, RecordedStep] = {}
 
     @workflow.query
     def progress(self) -> dict:
         return {"step": self.state.step, "num_rollout": self.cfg.num_rollout if self.cfg else None,
                 "phase": self.phase, "weight_version": self.state.weight_version,
-                "data_position": self.state.data_position, "metrics": self.state.metrics[-KEEP_METRICS:]}
+                "data_position": self.state.data_position, "checkpoint_step": self.state.checkpoint_step,
+                "checkpoint": self.state.checkpoint, "metrics": self.state.metrics[-KEEP_METRICS:]}
 
     @workflow.run
     async def run(self, inp: TrainingInput) -> TrainingState:
         cfg, self.cfg, self.state = inp.config, inp.config, inp.state
         workflow.upsert_search_attributes([RUN_ID.value_set(cfg.run_id), ROLLOUT_STATUS.value_set("training")])
-        prefetch: dict[int, asyncio.Task[list[RolloutOutput]]] = {}
+        await self._find_recorded_steps()
+        prefetch: dict[int, asyncio.Task[RecordedStep]] = {}
+        steps_this_run = 0
         if self.state.step < cfg.num_rollout:  # attaching syncs the servers: no rollout before that
             await self._with_trainer("attach", _attached)
         while self.state.step < cfg.num_rollout:
             step = self.state.step
             for s in range(step, min(cfg.num_rollout, step + cfg.max_staleness + 1)):
                 if s not in prefetch:  # started in order, so prompt positions are claimed in order
-                    prefetch[s] = asyncio.create_task(self._collect(s, self.state.weight_version))
+                    prefetch[s] = asyncio.create_task(self._prepare(s, self.state.weight_version))
             self.phase = "rollout"
             t0 = workflow.time()
-            groups = await prefetch.pop(step)
-            refs = [r for g in groups for r in g.rollouts]
+            prepared = await prefetch.pop(step)
             t1 = workflow.time()
-            metrics = await self._train(step, refs)
-            self.state.replay[str(step)] = refs
+            metrics = await self._train(step)
             self.state.step = step + 1
             t2 = workflow.time()
             sync = await self._sync()
-            metrics.update(step=step, weight_version=self.state.weight_version, groups=len(groups),
+            metrics.update(step=step, weight_version=self.state.weight_version, rollouts=prepared.rollouts,
                            rollout_wait_seconds=t1 - t0, train_phase_seconds=t2 - t1,
-                           sync_seconds=workflow.time() - t2, sync_pause_seconds=sync.get("pause_seconds", 0.0))
+                           sync_seconds=workflow.time() - t2, sync_pause_seconds=sync.get("pause_seconds", 0.0),
+                           finished_at=workflow.now().timestamp())
             self.state.metrics = (self.state.metrics + [metrics])[-KEEP_METRICS:]
             if cfg.save and (self.state.step % (cfg.save_interval or cfg.num_rollout) == 0
                              or self.state.step == cfg.num_rollout):
                 await self._checkpoint()
             workflow.upsert_search_attributes([POLICY_VERSION.value_set(self.state.weight_version)])
-            if not prefetch and workflow.info().is_continue_as_new_suggested():
+            steps_this_run += 1
+            if self.state.step < cfg.num_rollout and self._continue_as_new_due(steps_this_run):
+                self.phase = "continue-as-new"
+                await asyncio.gather(*prefetch.values())  # each records its manifest: the next run trains it
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(TrainingInput(cfg, self.state))
         self.phase = "done"
         workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("done")])
         return self.state
+
+    def _continue_as_new_due(self, steps_this_run: int) -> bool:
+        every = self.cfg.continue_as_new_after_steps
+        return (every > 0 and steps_this_run >= every) or workflow.info().is_continue_as_new_suggested()
+
+    # ---- steps -------------------------------------------------------------------------------
+
+    async def _find_recorded_steps(self) -> None:
+        """Steps whose manifest is already in the store (handed over by continue-as-new, or
+        collected by a failed run of this workflow id): they are trained, not collected again."""
+        cfg = self.cfg
+        found = await workflow.execute_activity(
+            RECORDED_STEPS, RecordedStepsInput(cfg.run_id, self.state.step, gap=cfg.max_staleness + 1),
+            result_type=list[RecordedStep], task_queue=cfg.rollout_task_queue, **_short(300),
+            retry_policy=rollout_retry_policy())
+        self.recorded = {r.step: r for r in found}
+        if found:
+            self.state.data_position = max(self.state.data_position, *(r.next_position for r in found))
+
+    async def _prepare(self, step: int, weight_version: int) -> RecordedStep:
+        """The step's manifest: recorded earlier, or collected now and recorded."""
+        if step in self.recorded:
+            return self.recorded.pop(step)
+        groups = await self._collect(step, weight_version)
+        self._check_step(step, groups)
+        cfg = self.cfg
+        meta = {"groups": len(groups), "samples": sum(g.samples for g in groups),
+                "errors": sum(g.errors for g in groups), "positions": [g.position for g in groups][:64]}
+        record = StepRecord(cfg.run_id, step, [rid for g in groups for rid in g.rollout_ids], weight_version,
+                            self.state.data_position, meta)
+        return await workflow.execute_activity(
+            RECORD_STEP, record, result_type=RecordedStep, task_queue=cfg.rollout_task_queue, **_short(300),
+            retry_policy=rollout_retry_policy())
+
+    def _check_step(self, step: int, groups: list[RolloutOutput]) -> None:
+        """Never train on nothing: a step whose every sample failed is a configuration error (the
+        hook or the engine rejects every request), and so is a step with no group at all."""
+        samples = sum(g.samples for g in groups)
+        errors = sum(g.errors for g in groups)
+        if samples and errors == samples:
+            first = next((g.first_error for g in groups if g.first_error), "no error message")
+            raise _final(f"step {step}: every one of its {samples} samples failed, so there is nothing to train "
+                         f"on; the first error: {first}")
+        if not groups or not samples:
+            raise _final(f"step {step}: no rollout group to train on (every group was filtered out in "
+                         f"{self.cfg.max_filter_rounds} sampling rounds); check --dynamic-sampling-filter-path")
 
     # ---- rollouts ----------------------------------------------------------------------------
 
@@ -197,12 +288,16 @@ class TrainingWorkflow:
         """The user's rollout function owns the step: it pulls prompts from a data source at our
         position, and tells us where it stopped."""
         cfg = self.cfg
-        out = await workflow.execute_activity(
-            ROLLOUT_STEP, RolloutStepInput(cfg.run_id, step, self.state.data_position, weight_version,
-                                           cfg.rollout_heartbeat_seconds),
-            result_type=RolloutStepOutput, task_queue=cfg.rollout_task_queue,
-            start_to_close_timeout=timedelta(hours=12), heartbeat_timeout=timedelta(seconds=cfg.rollout_heartbeat_seconds),
-            retry_policy=RetryPolicy(maximum_attempts=10, non_retryable_error_types=["ConfigError"]))
+        try:
+            out = await workflow.execute_activity(
+                ROLLOUT_STEP, RolloutStepInput(cfg.run_id, step, self.state.data_position, weight_version,
+                                               cfg.rollout_heartbeat_seconds),
+                result_type=RolloutStepOutput, task_queue=cfg.rollout_task_queue,
+                start_to_close_timeout=timedelta(hours=12),
+                heartbeat_timeout=timedelta(seconds=cfg.rollout_heartbeat_seconds),
+                retry_policy=rollout_retry_policy())
+        except ActivityError as e:
+            raise _final(f"step {step}: --rollout-function-path failed: {root_message(e)}") from e
         self.state.data_position = out.next_position
         return [g for g in out.groups if g.keep]
 
@@ -217,34 +312,34 @@ class TrainingWorkflow:
                              heartbeat_seconds=cfg.rollout_heartbeat_seconds),
                 id=rollout_workflow_id(cfg.run_id, position),
             )
-        except ChildWorkflowError as e:  # permanent failure of one group: leave it out, keep training
-            workflow.logger.error("rollout %s failed: %s", position, e.cause)
-            return RolloutOutput(position, keep=False, filter_reason=f"failed: {e.cause}", status="failed")
+        except ChildWorkflowError as e:  # infra failures retry inside; what reaches here is final
+            raise _final(f"rollout group {position} failed: {root_message(e)}") from e
 
     async def _agent_group(self, step: int, position: int, weight_version: int) -> RolloutOutput:
         """A prompt group of agent rollouts: one CodingAgentRolloutWorkflow per sample. Infra
-        failures stay in the group (kept out of advantage statistics by the trainer)."""
+        failures stay in the group (kept out of advantage statistics, never trained)."""
         cfg = self.cfg
 
-        async def one(i: int) -> RolloutRef | None:
+        async def one(i: int):
             try:
-                out = await workflow.execute_child_workflow(
+                return await workflow.execute_child_workflow(
                     CodingAgentRolloutWorkflow.run,
                     AgentRolloutInput(cfg.run_id, step, position, i, weight_version,
                                       heartbeat_seconds=cfg.rollout_heartbeat_seconds,
                                       sandbox_task_queue=cfg.sandbox_task_queue),
                     id=agent_workflow_id(cfg.run_id, position, i))
-                return out.rollout
             except ChildWorkflowError as e:
                 workflow.logger.error("agent rollout %s-%s failed: %s", position, i, e.cause)
                 return None
 
-        refs = [r for r in await asyncio.gather(*(one(i) for i in range(cfg.n_samples_per_prompt))) if r]
-        rewards = [s.reward for r in refs if not r.infra_failure for s in r.samples[-1:] if s.reward is not None]
-        trainable = [r for r in refs if r.samples]
-        return RolloutOutput(position, trainable, keep=bool(trainable) and bool(rewards),
+        outs = [o for o in await asyncio.gather(*(one(i) for i in range(cfg.n_samples_per_prompt))) if o]
+        stored = [o for o in outs if o.rollout.samples]
+        rewards = [o.reward for o in stored if o.reward is not None and not o.rollout.infra_failure]
+        infra = sum(len(o.rollout.samples) for o in stored if o.rollout.infra_failure)
+        return RolloutOutput(position, [o.rollout.rollout_id for o in stored], keep=bool(rewards),
                              reward_mean=sum(rewards) / len(rewards) if rewards else None,
-                             status="completed" if rewards else "failed")
+                             status="completed" if rewards else "failed",
+                             samples=sum(len(o.rollout.samples) for o in stored), infra=infra)
 
     # ---- trainer -----------------------------------------------------------------------------
 
@@ -261,13 +356,14 @@ class TrainingWorkflow:
             heartbeat_timeout=timedelta(seconds=cfg.trainer_heartbeat_seconds), **_short(3600),
             retry_policy=RetryPolicy(maximum_attempts=1))
         self.trainer = info
-        for s in range(at, self.state.step):  # steps trained since the checkpoint, on their old rollouts
-            await self._train_on(info, s, self.state.replay[str(s)])
+        for s in range(at, self.state.step):  # steps trained since the checkpoint, from their manifests
+            await self._train_on(info, s)
         await self._sync_on(info)  # the servers may hold other weights (a lost trainer's, another run's)
         return info
 
     async def _with_trainer(self, phase: str, call):
-        """Run `call(trainer)`; on a lost trainer (timeout: the worker died) re-attach and retry.
+        """Run `call(trainer)`; on a lost trainer (a timeout, or `WorkerLost` from the launcher
+        that saw it die) re-attach and retry.
 
         An error the trainer raised is retried on a re-attached trainer a few times, then fails
         the run with the trainer's message: a bug or bad data does not fix itself by looping.
@@ -279,19 +375,24 @@ class TrainingWorkflow:
                 self.phase = phase
                 return await call(info)
             except ActivityError as e:
+                if isinstance(e.cause, ApplicationError) and e.cause.type == CONFIG_ERROR:
+                    raise _final(f"{phase}: {root_message(e)}") from e
                 self.trainer = None
-                if not isinstance(e.cause, TimeoutError):
+                lost = isinstance(e.cause, TimeoutError) or (
+                    isinstance(e.cause, ApplicationError) and e.cause.type == WORKER_LOST)
+                if not lost:
                     errors += 1
                     if errors >= MAX_TRAINER_ERRORS:
-                        raise ApplicationError(f"{phase} failed {errors} times: {e.cause}", non_retryable=True) from e
+                        raise ApplicationError(f"{phase} failed {errors} times: {root_message(e)}",
+                                               non_retryable=True) from e
                 workflow.logger.warning("%s: trainer lost or failed (%s); re-attaching", phase, e.cause)
 
-    async def _train(self, step: int, refs: list[RolloutRef]) -> dict:
-        return await self._with_trainer("train", lambda info: self._train_on(info, step, refs))
+    async def _train(self, step: int) -> dict:
+        return await self._with_trainer("train", lambda info: self._train_on(info, step))
 
-    async def _train_on(self, info: TrainerInfo, step: int, refs: list[RolloutRef]) -> dict:
+    async def _train_on(self, info: TrainerInfo, step: int) -> dict:
         return await workflow.execute_activity(
-            "train_step", TrainInput(self.cfg.run_id, step, refs), result_type=dict, task_queue=info.queue,
+            "train_step", TrainInput(self.cfg.run_id, step), result_type=dict, task_queue=info.queue,
             schedule_to_start_timeout=timedelta(seconds=30), **_short(4 * 3600),
             heartbeat_timeout=timedelta(seconds=self.cfg.trainer_heartbeat_seconds),
             retry_policy=RetryPolicy(maximum_attempts=1))
@@ -302,8 +403,8 @@ class TrainingWorkflow:
     async def _sync_on(self, info: TrainerInfo) -> dict:
         version = self.state.weight_version + 1
         report = await workflow.execute_activity(
-            "sync_weights", SyncInput(self.cfg.engine_urls, version), result_type=dict, task_queue=info.queue,
-            schedule_to_start_timeout=timedelta(seconds=30), **_short(1800),
+            "sync_weights", SyncInput(version), result_type=dict, task_queue=info.queue,
+            schedule_to_start_timeout=timedelta(seconds=30), **_short(3600),
             heartbeat_timeout=timedelta(seconds=self.cfg.trainer_heartbeat_seconds),
             retry_policy=RetryPolicy(maximum_attempts=1))
         self.state.weight_version = version
@@ -322,4 +423,3 @@ class TrainingWorkflow:
 
         path = await self._with_trainer("checkpoint", save)
         self.state.checkpoint, self.state.checkpoint_step = path, self.state.step
-        self.state.replay = {}

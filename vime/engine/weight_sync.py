@@ -36,7 +36,7 @@ import json
 import os
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -118,13 +118,17 @@ def _prepare(state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype | None) 
     return out
 
 
-def write_weights_file(tensors: dict[str, torch.Tensor], path: Path) -> int:
-    """Write `tensors` to `path` atomically (a reader never sees a partial file); returns bytes."""
+def write_weights_file(tensors: dict[str, torch.Tensor], path: Path, weight_version: int | None = None) -> int:
+    """Write `tensors` to `path` atomically (a reader never sees a partial file); returns bytes.
+    The weight version goes into the file's metadata (see `vime.engine.live_weights`)."""
     from safetensors.torch import save_file
 
+    from vime.engine.live_weights import VERSION_KEY
+
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    metadata = {VERSION_KEY: str(weight_version)} if weight_version is not None else None
     try:
-        save_file(tensors, str(tmp))
+        save_file(tensors, str(tmp), metadata=metadata)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -209,30 +213,46 @@ class WeightSync:
             probe.unlink(missing_ok=True)
         self._initialized.update(pending)
 
-    async def sync(self, state_dict: Mapping[str, torch.Tensor], weight_version: int | None = None) -> SyncReport:
+    async def sync(self, state_dict: Mapping[str, torch.Tensor], weight_version: int | None = None, *,
+                   then: Callable[[Path], None] | None = None) -> SyncReport:
         """Push `state_dict` (HF names, full tensors: gather FSDP shards first) to every server."""
-        return await self.push(await self.stage(state_dict, weight_version))
+        return await self.push(await self.stage(state_dict, weight_version), then=then)
 
     async def stage(self, state_dict: Mapping[str, torch.Tensor], weight_version: int | None = None) -> StagedWeights:
         """Write the weights file (in a thread: the event loop keeps serving heartbeats), init
         servers not yet initialized; nothing is paused. `push` the result next."""
         t0 = time.perf_counter()
         version = self.weight_version + 1 if weight_version is None else int(weight_version)
-        await self.init_servers()
+        try:
+            await self.init_servers()
+        except BaseException:
+            self._initialized.clear()
+            raise
         path = self.directory / f"{self._prefix}-v{version}.safetensors"
         t_write = time.perf_counter()
         tensors = await asyncio.to_thread(_prepare, state_dict, self.dtype)
-        nbytes = await asyncio.to_thread(write_weights_file, tensors, path)
+        nbytes = await asyncio.to_thread(write_weights_file, tensors, path, version)
         return StagedWeights(path=path, num_tensors=len(tensors), bytes=nbytes, weight_version=version,
                              write_seconds=time.perf_counter() - t_write, started=t0)
 
-    async def push(self, staged: StagedWeights) -> SyncReport:
-        """Pause, load `staged` into every server, resume; the file is removed afterwards."""
+    async def push(self, staged: StagedWeights, *, then: Callable[[Path], None] | None = None) -> SyncReport:
+        """Pause, load `staged` into every server, resume; the file is removed afterwards, or
+        handed to `then(path)` once every server took it (the launcher's live weights).
+
+        A failure forgets which servers were initialized: a server that died and came back on
+        the same address needs `/init_weight_transfer_engine` again."""
         async with self._lock:
+            pushed = False
             try:
                 pause_seconds = await self._push_all(staged.path, staged.num_tensors, staged.weight_version)
+                pushed = True
+            except BaseException:
+                self._initialized.clear()
+                raise
             finally:
-                if not self.keep_files:
+                if pushed and then is not None:
+                    then(staged.path)
+                elif not self.keep_files:
                     staged.path.unlink(missing_ok=True)
         self.weight_version = staged.weight_version
         report = SyncReport(weight_version=staged.weight_version, bytes=staged.bytes, pause_seconds=pause_seconds,

@@ -52,7 +52,7 @@ def get_engine_client(args: Any) -> EngineClient:
     per_loop = _clients.setdefault(loop, {})
     client = per_loop.get(url)
     if client is None:
-        client = per_loop[url] = EngineClient(url)
+        client = per_loop[url] = EngineClient(url, progress_timeout=getattr(args, "engine_progress_timeout", 60.0))
     return client
 
 

@@ -14,12 +14,13 @@ Invariants of the result, relied on by the store and the trainer:
   trajectory, where the outcome is) and every sibling gets that reward, as the advantage code
   expects (one value per rollout);
 - a failed generate never fails the group: a generate that raised becomes a FAILED copy of the
-  input sample with `metadata["error"]`; when the error is an infrastructure one
-  (`vime.errors.ServiceError`: engine down, sandbox lost) `metadata["infra_failure"]` holds the
-  cause, its reward stays None and it is kept out of advantage statistics; other failures (the
-  model or the agent broke something) get `FAILED_REWARD`, an ordinary low reward. A
-  `ConfigError` (a misconfiguration, a hook breaking the Sample contract) is not data and
-  propagates;
+  input sample with `metadata["error"]` (and the hook that raised in `metadata["error_source"]`);
+  when the error is an infrastructure one (`is_infra_error`: engine down, a cut connection, a
+  5xx, no progress) `metadata["infra_failure"]` holds the cause, its reward stays None and it is
+  kept out of advantage statistics; other failures (the model or the agent broke something, an
+  HTTP 4xx the hook's request earned) get `FAILED_REWARD`, an ordinary low reward. A
+  `ConfigError` (a misconfiguration, a hook breaking the Sample contract, a reward function that
+  raised) is not data and propagates;
 - ABORTED rollouts (engine aborted them, e.g. for a weight sync) are not scored: they are for
   `data_source.add_samples`, to be continued, not trained on.
 """
@@ -31,6 +32,8 @@ import copy
 import uuid
 from collections.abc import Callable
 from typing import Any
+
+import aiohttp
 
 from vime.errors import ConfigError, ServiceError
 from vime.log import get_logger
@@ -65,16 +68,33 @@ def _as_siblings(result: Any, source: str) -> list[Sample]:
     return siblings
 
 
+def is_infra_error(exc: BaseException) -> bool:
+    """Whether a failed generate is the infrastructure's fault (retry it) rather than the request's.
+
+    A `ServiceError` (vime's engine client: server down, cut off, stalled, 5xx) is, except an
+    HTTP 4xx, which the request itself earned (a wrong model name, a bad parameter). Raw
+    connection errors from a hook's own HTTP client (aiohttp's `ClientPayloadError`,
+    `ServerDisconnectedError`, a refused connection, a timeout) are too.
+    """
+    status = getattr(exc, "status", None)
+    if isinstance(exc, ServiceError):
+        return not (isinstance(status, int) and 400 <= status < 500)
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return exc.status >= 500
+    return isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError))
+
+
 def _mark_failed(original: Sample, exc: Exception, source: str) -> Sample:
     sample = original
     sample.status = Sample.Status.FAILED
     sample.metadata = dict(sample.metadata or {})
     cause = f"{type(exc).__name__}: {exc}"
     sample.metadata["error"] = cause
-    if isinstance(exc, ServiceError):
+    sample.metadata["error_source"] = source
+    infra = is_infra_error(exc)
+    if infra:
         sample.metadata["infra_failure"] = cause
-    log.warning("rollout.generate.failed", index=sample.index, hook=source, error=cause,
-                infra=isinstance(exc, ServiceError))
+    log.warning("rollout.generate.failed", index=sample.index, hook=source, error=cause, infra=infra)
     return sample
 
 

@@ -11,14 +11,16 @@ In order of precedence, as in slime:
 
 A reward may be a dict (several scores); `reward_value` picks `--reward-key` from it. Errors
 name the hook or URL: a reward service that cannot be reached raises `ServiceError` (an infra
-failure), a misconfiguration `ConfigError`; any other exception from a user hook propagates
-with a note naming the hook, because a buggy reward function must stop the run, not zero it.
+failure, retried), a misconfiguration `ConfigError`. A user reward function that raises, or
+returns NaN, infinity or a non-number, raises `RewardError` (a `ConfigError`, so it is never
+retried) naming the hook and the sample: a buggy reward function must stop the run, not zero it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import numbers
 import random
 from collections.abc import Callable
@@ -50,13 +52,19 @@ def _custom_rm(args: Any) -> tuple[Callable[..., Any], str] | None:
     return load_function(path, "--custom-rm-path"), f"--custom-rm-path {path!r}"
 
 
+class RewardError(ConfigError):
+    """A reward function that raised or returned something that is not a reward."""
+
+
 def check_reward(value: Any, source: str) -> float | dict[str, Any]:
-    """A reward as vime stores it: a float (ints and bools converted) or a dict of scores."""
+    """A reward as vime stores it: a finite float (ints and bools converted) or a dict of scores."""
     if isinstance(value, dict):
         return value
     if isinstance(value, numbers.Real):
+        if not math.isfinite(float(value)):
+            raise RewardError(f"{source} returned {value!r}; a reward must be a finite number")
         return float(value)
-    raise ConfigError(
+    raise RewardError(
         f"{source} returned {type(value).__name__} {str(value)[:80]!r}; a reward is a number "
         "(or a dict of scores, with --reward-key naming the one to train on)"
     )
@@ -77,10 +85,22 @@ def reward_value(args: Any, reward: Any) -> float | None:
 async def _call_user_rm(fn: Callable[..., Any], source: str, *args: Any) -> Any:
     try:
         return await call_hook_async(fn, *args)
-    except Exception as exc:  # noqa: BLE001 - re-raised as is, with the hook named
-        if not isinstance(exc, (ConfigError, ServiceError)):
-            exc.add_note(f"raised by the reward function {source}")
+    except (ConfigError, ServiceError):
         raise
+    except Exception as exc:  # noqa: BLE001 - a bug in the user's function: final, with its name
+        target = args[1] if len(args) > 1 else None
+        which = (f" on sample {target.index}" if isinstance(target, Sample) and target.index is not None
+                 else f" on a batch of {len(target)} samples" if isinstance(target, list) else "")
+        where = _user_frame(exc)
+        raise RewardError(f"{source} raised {type(exc).__name__}: {exc}{which}{where}") from exc
+
+
+def _user_frame(exc: BaseException) -> str:
+    """` (file.py:12)`: the innermost frame of the traceback, where the user's bug is."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return f" ({tb.tb_frame.f_code.co_filename}:{tb.tb_lineno})" if tb is not None else ""
 
 
 async def reward(args: Any, sample: Sample) -> float | dict[str, Any]:

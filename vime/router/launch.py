@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vime.engine.server import free_port
 from vime.errors import ServiceError
-from vime.procs import log_tail, stop_process_group
+from vime.procs import log_tail, spawn, stop_process_group
 
 
 def router_binary() -> str:
@@ -35,11 +35,12 @@ class Router:
     """A `vllm-router` process over `worker_urls`; `url` is what generate functions call."""
 
     def __init__(self, worker_urls: Sequence[str], router_args: Sequence[str] = (), *, log_path: Path,
-                 host: str = "127.0.0.1", port: int | None = None) -> None:
+                 host: str = "127.0.0.1", port: int | None = None, run_dir: Path | None = None) -> None:
         self.worker_urls = list(worker_urls)
         self.router_args = list(router_args)
         self.host, self.port = host, port or free_port(host)
         self.log_path = log_path
+        self.run_dir = run_dir
         self.process: subprocess.Popen | None = None
 
     @property
@@ -53,10 +54,7 @@ class Router:
                 "--worker-urls", *self.worker_urls, *metrics, *self.router_args]
 
     def __enter__(self) -> Router:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as out:
-            self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        self.process = spawn(self.command(), self.log_path, run_dir=self.run_dir)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

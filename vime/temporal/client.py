@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +31,13 @@ _INDEXED = {
 }
 
 
-async def connect(address: str, namespace: str = "default", *, timeout: float = 10.0) -> Client:
-    """Connect, or raise one `ServiceError` naming the address (the SDK would retry for long)."""
+async def connect(address: str, namespace: str = "default", *, timeout: float = 10.0,
+                  identity: str | None = None) -> Client:
+    """Connect, or raise one `ServiceError` naming the address (the SDK would retry for long).
+    `identity` names this process in Temporal (its workers' activities carry it)."""
+    kwargs = {"identity": identity} if identity else {}
     try:
-        return await asyncio.wait_for(Client.connect(address, namespace=namespace), timeout)
+        return await asyncio.wait_for(Client.connect(address, namespace=namespace, **kwargs), timeout)
     except (asyncio.TimeoutError, RuntimeError, OSError) as e:
         detail = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e).splitlines()[0]
         raise ServiceError(
@@ -62,6 +66,18 @@ class TemporalService:
     address: str
     ui_url: str | None
     dev_server: TemporalDevServer | None = None
+
+    async def check(self) -> str | None:
+        """Restart the embedded dev server if it died: same port, same database file, so the
+        workers' and this client's connections come back by themselves; a line to print."""
+        dev = self.dev_server
+        if dev is None or dev.alive():
+            return None
+        code = dev.process.returncode if dev.process is not None else None
+        t0 = time.monotonic()
+        await asyncio.to_thread(dev.restart)
+        return (f"[vime] the Temporal dev server died (exit code {code}); restarted it on {dev.address} with "
+                f"{dev.db_path} in {time.monotonic() - t0:.1f} s")
 
 
 async def _start_dev_server(run_dir: str | Path, namespace: str, headless: bool,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from vime.errors import ServiceError
 from vime.log import get_logger
-from vime.procs import log_tail, stop_process_group
+from vime.procs import log_tail, spawn, stop_process_group
 from vime.temporal.search_attributes import SEARCH_ATTRIBUTES
 
 log = get_logger(__name__)
@@ -95,11 +95,7 @@ class TemporalDevServer:
 
     def start(self, timeout: float = 60.0) -> TemporalDevServer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log_file:
-            self.process = subprocess.Popen(
-                self.command(), stdout=log_file, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )
+        self.process = spawn(self.command(), self.log_path, run_dir=self.run_dir)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -114,6 +110,17 @@ class TemporalDevServer:
         self.stop()
         raise ServiceError(f"Temporal dev server did not listen on {self.address} within {timeout:.0f} s; "
                            f"see {self.log_path}")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def restart(self, timeout: float = 60.0) -> TemporalDevServer:
+        """Start it again on the same ports and database file (clients reconnect by themselves)."""
+        self.stop(timeout=5)
+        deadline = time.monotonic() + timeout
+        while _port_open("127.0.0.1", self.port) and time.monotonic() < deadline:
+            time.sleep(0.2)  # whatever still holds the port (the dead server's leftovers) lets go
+        return self.start(timeout=max(1.0, deadline - time.monotonic()))
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.process = self.process, None

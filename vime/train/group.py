@@ -2,7 +2,7 @@
 
 Rank 0 serves the trainer's Temporal task queue; ranks 1..N-1 run `follow()`, waiting for the
 commands rank 0 broadcasts. Each command names a method of `TrainerGroup` and its (small,
-picklable) arguments: sample refs, paths, versions. Every rank reads the samples it needs from
+picklable) arguments: run ids, step numbers, paths, versions. Every rank reads the samples it needs from
 the store itself, so no token data crosses the broadcast.
 """
 
@@ -10,16 +10,34 @@ from __future__ import annotations
 
 from typing import Any
 
+from vime.errors import ConfigError
 from vime.log import get_logger
 from vime.store import SampleStore
 from vime.train import distributed as dist_utils
 from vime.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from vime.train.trainer import StepResult, Trainer
-from vime.types import RolloutRef
+from vime.types import Sample
 
 log = get_logger(__name__)
 
 PROBE_TOKENS = 24
+
+
+def sample_keys(samples: list[Sample]) -> list[str]:
+    """Store keys (`<rollout id>/<sibling>`) of samples read rollout by rollout, siblings in order."""
+    seen: dict[str, int] = {}
+    keys = []
+    for s in samples:
+        i = seen.get(str(s.rollout_id), 0)
+        seen[str(s.rollout_id)] = i + 1
+        keys.append(f"{s.rollout_id}/{i}")
+    return keys
+
+
+def trainable(sample: Sample) -> bool:
+    """Whether the loss uses `sample`: it has prompt and response tokens and did not fail."""
+    failed = sample.status == Sample.Status.FAILED or (sample.metadata or {}).get("infra_failure")
+    return not failed and sample.response_length > 0 and sample.prompt_length > 0
 
 
 class TrainerGroup:
@@ -69,17 +87,26 @@ class TrainerGroup:
         self.results.clear()
         return self.trainer.step
 
-    def train_step(self, run_id: str, step: int, rollouts: list[RolloutRef]) -> dict[str, float]:
-        """Train rollout step `step`; a repeat of the last step returns its metrics unchanged."""
+    def train_step(self, run_id: str, step: int) -> dict[str, float]:
+        """Train rollout step `step` on its manifest; a repeat of the last step returns its metrics.
+
+        Only the samples the loss uses are marked trained: a failed sample (an infrastructure
+        failure, an error before the first token) is never marked, so the store's trained counts
+        are what the model actually learned from.
+        """
         if step + 1 == self.trainer.step and step in self.results:
             return self.results[step].metrics
         if step != self.trainer.step:
             raise RuntimeError(f"trainer is at step {self.trainer.step}, asked to train step {step}")
-        keys = [ref.key for r in rollouts for ref in r.samples]
-        samples = self.store.read_samples(run_id, keys)
+        stored = self.store.read_step_samples(run_id, step)
+        keyed = [(key, s) for key, s in zip(sample_keys(stored), stored) if trainable(s)]
+        samples = [s for _, s in keyed]
+        if not samples:
+            raise ConfigError(f"step {step} of run {run_id!r} has no trainable sample (every one failed or is "
+                              f"empty); nothing to train on")
         result = self.trainer.train_step(samples)
         if dist_utils.rank() == 0:
-            self.store.mark_trained(run_id, keys, step)
+            self.store.mark_trained(run_id, [key for key, _ in keyed], step)
         self.results = {step: result}
         return result.metrics
 

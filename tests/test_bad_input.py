@@ -1,0 +1,136 @@
+"""Bad input ends in one clear line on the console — before any service starts when it can be
+checked then, within 60 s otherwise — and nothing is stored.
+
+And the other side of it: a custom generate function written against plain `vllm serve PATH`
+(it sends `"model": args.hf_checkpoint`) trains, where it used to get HTTP 404 on every call.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import engine_flags
+from tests.runs import TrainRun
+from vime.store import SampleStore
+
+GENERATE_WITH_MODEL_NAME = '''
+import aiohttp
+from vime.rollout.generate import prompt_token_ids
+
+async def generate(args, sample, sampling_params, evaluation=False):
+    """A slime-style generate function that names the model as `vllm serve PATH` serves it."""
+    sample.tokens = prompt_token_ids(args, sample)
+    body = {"model": MODEL, "token_ids": sample.tokens,
+            "sampling_params": {**sampling_params, "logprobs": 0}, "return_token_ids": True}
+    url = f"http://{args.vllm_router_ip}:{args.vllm_router_port}/inference/v1/generate"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, json=body) as resp:
+            resp.raise_for_status()
+            choice = (await resp.json())["choices"][0]
+    logprobs = [c["logprob"] for c in choice["logprobs"]["content"]]
+    sample.append_response_tokens(choice["token_ids"], logprobs, loss_mask=1)
+    sample.status = sample.Status.COMPLETED
+    return sample
+'''
+
+REWARD_THAT_RAISES = '''
+async def score(args, sample):
+    return 1.0 / len(sample.label or "")  # ZeroDivisionError: the labels are empty
+'''
+
+
+def one_line_error(result_text: str) -> str:
+    """The console's error: exactly one line, no traceback."""
+    assert "Traceback" not in result_text, result_text[-3000:]
+    errors = [line for line in result_text.splitlines() if "error:" in line]
+    assert len(errors) == 1, result_text[-3000:]
+    return errors[0]
+
+
+def stored_samples(run_dir: Path, run_id: str = "run") -> int:
+    if not (run_dir / "vime.db").exists():
+        return 0
+    with SampleStore.open(run_dir) as store:
+        return store.count_samples(run_id)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize("content, expected", [
+    ('{"prompt": "a", "label": "1"}\n{"prompt": "b", "label": \n', ":2: not valid JSON"),
+    ("", "is empty"),
+    ('{"text": "a", "label": "1"}\n', "no key 'prompt'"),
+    ('{"prompt": "a"}\n', "no key 'label'"),
+], ids=["malformed-line", "empty", "missing-input-key", "missing-label-key"])
+def test_a_bad_prompt_file_is_one_line_naming_file_line_and_key_before_anything_starts(
+        tiny_model_dir, tmp_path, content, expected):
+    run = TrainRun(tmp_path, tiny_model_dir, "--vllm-router-ip", "127.0.0.1", "--vllm-router-port", "9")
+    write(tmp_path / "prompts.jsonl", content)
+    t0 = time.monotonic()
+    assert run.run_to_end(120) == 2
+    line = one_line_error(run.output())
+    assert str(tmp_path / "prompts.jsonl") in line and expected in line, line
+    assert time.monotonic() - t0 < 30
+    assert not (run.run_dir / "temporal.db").exists()  # no service was started
+    assert stored_samples(run.run_dir) == 0
+
+
+def test_a_missing_checkpoint_directory_is_one_line_before_anything_starts(tmp_path):
+    run = TrainRun(tmp_path, tmp_path / "no-such-model")
+    assert run.run_to_end(120) == 2
+    line = one_line_error(run.output())
+    assert "--hf-checkpoint" in line and "no-such-model" in line
+    assert not (run.run_dir / "temporal.db").exists()
+
+
+@pytest.mark.vllm
+def test_a_reward_function_that_raises_stops_the_run_with_one_line_naming_it(training_server, tiny_model_dir,
+                                                                             tmp_path):
+    write(tmp_path / "bad_reward.py", REWARD_THAT_RAISES)
+    run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), "--custom-rm-path", "bad_reward.score")
+    write(tmp_path / "prompts.jsonl", "".join(json.dumps({"prompt": f"p{i}", "label": ""}) + "\n" for i in range(8)))
+    t0 = time.monotonic()
+    assert run.run_to_end(300) == 2
+    line = one_line_error(run.output())
+    assert "--custom-rm-path 'bad_reward.score' raised ZeroDivisionError" in line, line
+    assert time.monotonic() - t0 < 60, f"{time.monotonic() - t0:.0f} s"
+    assert stored_samples(run.run_dir) == 0
+    run.assert_nothing_left()
+
+
+@pytest.mark.vllm
+def test_a_generate_hook_that_fails_on_every_sample_stops_the_run_with_its_error(training_server, tiny_model_dir,
+                                                                                 tmp_path):
+    write(tmp_path / "gen_wrong_model.py", GENERATE_WITH_MODEL_NAME.replace("MODEL", repr("no-such-model")))
+    run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server),
+                   "--custom-generate-function-path", "gen_wrong_model.generate")
+    assert run.run_to_end(300) == 2
+    line = one_line_error(run.output())
+    assert "every one of its 8 samples failed" in line and "gen_wrong_model.generate" in line, line
+    assert "404" in line
+    assert run.trained_counts() == {}  # failed samples are never marked trained
+    run.assert_nothing_left()
+
+
+@pytest.mark.vllm
+def test_a_generate_hook_that_names_the_model_by_its_checkpoint_path_trains(training_server, tiny_model_dir,
+                                                                           tmp_path):
+    write(tmp_path / "gen_path_model.py", GENERATE_WITH_MODEL_NAME.replace("MODEL", "args.hf_checkpoint"))
+    run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server),
+                   "--custom-generate-function-path", "gen_path_model.generate", steps=2)
+    assert run.run_to_end(300) == 0, run.tail()
+    run.assert_trained_exactly_once()
+
+
+def test_one_sample_per_prompt_with_grpo_is_refused_with_the_reason(tiny_model_dir, tmp_path):
+    run = TrainRun(tmp_path, tiny_model_dir, "--n-samples-per-prompt", "1")
+    assert run.run_to_end(120) == 2
+    line = one_line_error(run.output())
+    assert "--n-samples-per-prompt 1" in line and "every advantage is 0" in line

@@ -1,0 +1,171 @@
+"""The rollout servers a launch started, kept alive: `EngineFleet`.
+
+A vLLM server that dies (crash, OOM, kill -9) is noticed within a second (`check`, called by
+the launcher's watch loop), its log tail is printed, and it is restarted **on the same address**
+from the live weights (`vime.engine.live_weights`: the policy the trainer synced last, with its
+weight version), so clients and the trainer find it where it was and nothing samples from stale
+weights. Requests that were in flight fail as infrastructure failures and their rollouts are
+retried by Temporal once the server is back.
+
+A server that keeps dying (`MAX_DEATHS` within `DEATH_WINDOW_S`) is not restarted again: `check`
+raises `ServiceError` with one line naming the server, its log and its last error.
+A router in front of several servers is supervised the same way (same port, same workers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import urllib.request
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vime.engine import live_weights
+from vime.engine.server import VLLMServer
+from vime.errors import ServiceError
+from vime.log import get_logger
+from vime.procs import exit_cause, log_tail
+
+log = get_logger(__name__)
+
+MAX_DEATHS = 3
+DEATH_WINDOW_S = 600.0
+RESTART_TIMEOUT_S = 600.0
+
+
+@dataclass
+class _Slot:
+    """One server position: its address stays, the process behind it may change."""
+
+    index: int
+    server: VLLMServer
+    deaths: deque = field(default_factory=deque)  # monotonic times of deaths in the window
+    restart: asyncio.Task | None = None
+    died_at: float = 0.0
+
+
+class EngineFleet:
+    """`with EngineFleet(...) as fleet:` starts the servers (and a router for several);
+    `await fleet.check()` restarts the dead ones and returns what to tell the user."""
+
+    def __init__(self, servers: list[VLLMServer], *, run_dir: str | Path, router=None) -> None:
+        self.slots = [_Slot(i, s) for i, s in enumerate(servers)]
+        self.run_dir = Path(run_dir)
+        self.router = router
+        self.router_deaths: deque = deque()
+
+    @property
+    def server_urls(self) -> list[str]:
+        return [slot.server.url for slot in self.slots]
+
+    @property
+    def url(self) -> str:
+        """What generate functions call: the router, or the one server."""
+        return self.router.url if self.router is not None else self.slots[0].server.url
+
+    def __enter__(self) -> EngineFleet:
+        try:
+            with ThreadPoolExecutor(len(self.slots)) as pool:
+                list(pool.map(lambda slot: slot.server.__enter__(), self.slots))
+            if self.router is not None:
+                self.router.__enter__()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for slot in self.slots:
+            if slot.restart is not None:
+                slot.restart.cancel()
+        if self.router is not None:
+            self.router.__exit__()
+        with ThreadPoolExecutor(len(self.slots)) as pool:
+            list(pool.map(lambda slot: slot.server.stop(), self.slots))
+
+    async def check(self) -> list[str]:
+        """Restart dead servers (in the background); return lines for the console."""
+        lines: list[str] = []
+        for slot in self.slots:
+            if slot.restart is not None:
+                if slot.restart.done():
+                    lines.append(self._restart_result(slot))
+                continue
+            proc = slot.server.process
+            if proc is None or proc.poll() is None:
+                continue
+            lines.append(self._on_death(slot, proc.returncode))
+            slot.restart = asyncio.create_task(asyncio.to_thread(self._restart, slot))
+        if self.router is not None and self.router.process is not None and self.router.process.poll() is not None:
+            lines.append(self._restart_router())
+        return lines
+
+    @property
+    def restarting(self) -> bool:
+        return any(slot.restart is not None for slot in self.slots)
+
+    def _on_death(self, slot: _Slot, code: int) -> str:
+        now = time.monotonic()
+        slot.died_at = now
+        slot.deaths.append(now)
+        while slot.deaths and now - slot.deaths[0] > DEATH_WINDOW_S:
+            slot.deaths.popleft()
+        server = slot.server
+        cause = exit_cause(code, server.log_path)
+        if len(slot.deaths) >= MAX_DEATHS:
+            raise ServiceError(
+                f"vLLM server {slot.index} ({server.url}) died {len(slot.deaths)} times in "
+                f"{DEATH_WINDOW_S / 60:.0f} minutes; last error: {cause}; see {server.log_path}")
+        tail = "\n".join("    " + line for line in log_tail(server.log_path, 5).splitlines())
+        return (f"[vime] vLLM server {slot.index} ({server.url}) died ({cause}); restarting it on the same "
+                f"address with the current weights; last lines of {server.log_path}:\n{tail}")
+
+    def _restart(self, slot: _Slot) -> int | None:
+        """Start the server again on its port from the live weights; returns their version."""
+        old = slot.server
+        live = live_weights.current(self.run_dir)
+        model = str(live[0]) if live else old.model
+        server = old.relaunch(model)
+        slot.server = server
+        server.start().wait_healthy(RESTART_TIMEOUT_S)
+        if live is not None:
+            _post_json(f"{server.url}/update_weight_version", {"new_version": str(live[1])})
+        return live[1] if live else None
+
+    def _restart_result(self, slot: _Slot) -> str:
+        task, slot.restart = slot.restart, None
+        took = time.monotonic() - slot.died_at
+        try:
+            version = task.result()
+        except Exception as e:  # noqa: BLE001 - a failed restart is a death of its own
+            slot.server.stop()
+            msg = self._on_death(slot, -1)
+            slot.restart = asyncio.create_task(asyncio.to_thread(self._restart, slot))
+            return f"[vime] restarting vLLM server {slot.index} failed ({str(e).splitlines()[0]}); {msg}"
+        weights = f"weight version {version}" if version is not None else "the base checkpoint (no sync yet)"
+        return f"[vime] vLLM server {slot.index} is back at {slot.server.url} after {took:.0f} s, serving {weights}"
+
+    def _restart_router(self) -> str:
+        now = time.monotonic()
+        self.router_deaths.append(now)
+        while self.router_deaths and now - self.router_deaths[0] > DEATH_WINDOW_S:
+            self.router_deaths.popleft()
+        cause = exit_cause(self.router.process.returncode, self.router.log_path)
+        if len(self.router_deaths) >= MAX_DEATHS:
+            raise ServiceError(f"the router ({self.router.url}) died {len(self.router_deaths)} times; last error: "
+                               f"{cause}; see {self.router.log_path}")
+        self.router.__exit__()
+        self.router.__enter__()
+        return f"[vime] the router ({self.router.url}) died ({cause}); restarted it on the same address"
+
+
+def _post_json(url: str, payload: dict) -> None:
+    """Best effort: a server that does not take the label still serves the right weights."""
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with contextlib.suppress(OSError):
+        urllib.request.urlopen(request, timeout=30).close()

@@ -1,0 +1,128 @@
+"""Following a run from `vime train`: one line per step, and every part it started kept alive.
+
+`Follower.follow` waits for the training workflow's result while, once a second:
+- the embedded Temporal dev server, the vLLM servers (and router) and the workers are checked;
+  a dead one is restarted (same address, same database file, current weights) and what happened
+  is printed; a worker's death is reported to Temporal at once (`vime.recovery`), so its work is
+  retried now rather than after a heartbeat timeout;
+- the workflow's progress is queried and each step finished *during this launch* is printed
+  (steps finished before it are not: a rerun reports the steps it actually trained).
+
+Failures that restarting cannot fix (a server dying again and again, a worker that stops on a
+configuration error) end the launch with one line: the run itself stays in Temporal, resumable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.service import RPCError
+
+from vime.errors import ConfigError
+from vime.log import get_logger
+from vime.recovery import recover_from_worker_death
+from vime.supervisor import Supervisor
+from workflows.training import TrainingState, TrainingWorkflow, failure_message
+
+log = get_logger(__name__)
+
+
+def format_progress(m: dict, total: int) -> str:
+    """One line per finished step: a bar, reward, KL, length, throughput and time per phase."""
+    done = m["step"] + 1
+    bar = "#" * int(20 * done / max(1, total))
+    kl = m.get("kl_loss", m.get("ref_kl"))
+    return (f"[{bar:<20}] step {done}/{total} | reward {m.get('reward_mean', float('nan')):.3f}"
+            + (f" | kl {kl:.4f}" if kl is not None else "")
+            + f" | len {m.get('response_length_mean', 0):.1f} | {m.get('train_tokens_per_second', 0):.0f} tok/s"
+            + f" | rollout {m.get('rollout_wait_seconds', 0):.1f}s train {m.get('train_phase_seconds', 0):.1f}s"
+            + f" sync {m.get('sync_seconds', 0):.2f}s (pause {m.get('sync_pause_seconds', 0):.3f}s)")
+
+
+class RunFailed(ConfigError):
+    """The training workflow failed; the message is its cause, in one line."""
+
+
+@dataclass
+class Follower:
+    """Watches one launch of a run. `services` are things with `async check() -> list[str] | str | None`."""
+
+    handle: WorkflowHandle
+    run_id: str
+    supervisor: Supervisor
+    services: list = field(default_factory=list)
+    poll: float = 1.0
+    start_step: int | None = None  # the step the run was at when this launch attached
+    started_at: float = field(default_factory=time.time)  # steps that finished after this are this launch's
+    progress: dict = field(default_factory=dict)  # the last progress the workflow reported
+    printed: list[int] = field(default_factory=list)  # steps finished (and printed) by this launch
+
+    async def follow(self) -> TrainingState:
+        result = asyncio.create_task(self._result())
+        try:
+            while not result.done():
+                await asyncio.wait([result], timeout=self.poll)
+                await self._check_services()
+                await self._show_progress()
+            state = await result
+        finally:
+            result.cancel()
+        await self._show_progress(final=state)
+        return state
+
+    @property
+    def steps_trained(self) -> int:
+        return len(self.printed)
+
+    async def _result(self) -> TrainingState:
+        """The workflow's result; a connection lost while the Temporal server restarts is retried."""
+        while True:
+            try:
+                return await self.handle.result()
+            except WorkflowFailureError as e:
+                raise RunFailed(f"run {self.run_id} failed: {failure_message(e)} (fix it, then run the same command "
+                                "again: the run resumes from its last checkpoint)") from None
+            except RPCError as e:
+                log.info("follow.result_retry", error=str(e)[:200])
+                await asyncio.sleep(1.0)
+
+    async def _check_services(self) -> None:
+        for service in self.services:
+            lines = await service.check()
+            for line in [lines] if isinstance(lines, str) else (lines or []):
+                print(line, flush=True)
+        for death in self.supervisor.check():
+            print(f"[vime] worker {death.name} died ({death.cause}); restarted it (the run continues)", flush=True)
+            try:
+                await recover_from_worker_death(self.handle._client, self.run_id, death.identity,
+                                                f"worker {death.identity} died ({death.cause})")
+            except Exception as e:  # noqa: BLE001 - best effort: heartbeat timeouts still recover
+                log.warning("follow.recovery_failed", error=str(e)[:300])
+
+    async def _show_progress(self, final: TrainingState | None = None) -> None:
+        p = await self._query() if final is None else {
+            "step": final.step, "metrics": final.metrics, "checkpoint": final.checkpoint,
+            "checkpoint_step": final.checkpoint_step}
+        if p is None:
+            return
+        self.progress = {**self.progress, **p}
+        total = self.progress.get("num_rollout") or 0
+        for m in p.get("metrics", []):
+            mine = m["step"] >= self.start_step if self.start_step is not None else (
+                m.get("finished_at", 0.0) >= self.started_at)  # attached: what finished since this launch began
+            if mine and m["step"] not in self.printed:
+                self.printed.append(m["step"])
+                print(format_progress(m, total), flush=True)
+
+    async def _query(self) -> dict | None:
+        try:
+            return await self.handle.query(TrainingWorkflow.progress)
+        except Exception:  # noqa: BLE001 - a query fails while a worker or Temporal restarts: ask again
+            return None
+
+
+def elapsed(t0: float) -> str:
+    return f"{time.monotonic() - t0:.0f} s"

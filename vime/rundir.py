@@ -1,0 +1,57 @@
+"""One launcher per run directory, and a clean slate before it starts anything.
+
+`RunDirLock` holds an exclusive `flock` on `<run_dir>/launcher.lock` for the launcher's life.
+The kernel drops the lock when the process dies, however it dies, so a launcher killed with
+SIGKILL never leaves a stale lock behind, while a second `vime train` on a directory whose
+launcher is alive stops at once with one line naming that launcher's pid.
+
+Holding the lock, the launcher owns every process of the directory: whatever an earlier launch
+left running (found by `VIME_RUN_DIR` in its environment, see `vime.procs`) is stopped before
+anything new starts, so two generations of workers never train the same run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from pathlib import Path
+
+from vime.errors import ConfigError
+from vime.procs import kill_leftovers
+
+LOCK_NAME = "launcher.lock"
+
+
+class RunDirLock:
+    """`with RunDirLock(run_dir) as lock:` — `lock.leftovers` lists the pids stopped on entry."""
+
+    def __init__(self, run_dir: str | Path) -> None:
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_NAME
+        self.leftovers: list[int] = []
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunDirLock:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ConfigError(
+                f"run directory {str(self.run_dir)!r} is in use by another `vime train` (pid {holder}); "
+                f"wait for it, stop it (kill {holder}), or pass another --run-dir") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+        self.leftovers = kill_leftovers(self.run_dir)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # closing releases the flock
+            self._fd = None

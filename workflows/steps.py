@@ -1,0 +1,34 @@
+"""The step-manifest activities' names and payloads (see activities/steps.py): light, for workflows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+RECORD_STEP = "record_step"
+RECORDED_STEPS = "recorded_steps"
+
+
+@dataclass
+class StepRecord:
+    run_id: str
+    step: int
+    rollout_ids: list[str]
+    weight_version: int
+    next_position: int  # the data position after the step's groups: where a resumed run goes on
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RecordedStepsInput:
+    run_id: str
+    from_step: int
+    gap: int  # stop looking after this many consecutive steps without a manifest
+
+
+@dataclass
+class RecordedStep:
+    step: int
+    next_position: int
+    rollouts: int
+    weight_version: int
