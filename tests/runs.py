@@ -46,6 +46,7 @@ class TrainRun:
         self.run_dir = tmp_path / run
         self.run_id = run
         self.steps, self.groups, self.n = steps, groups, n
+        tmp_path.mkdir(parents=True, exist_ok=True)
         prompts = write_prompts(tmp_path / "prompts.jsonl")
         self.argv = [sys.executable, "-m", "vime.cli", "train", "--hf-checkpoint", str(model),
                      "--prompt-data", str(prompts), "--input-key", "prompt", "--label-key", "label",

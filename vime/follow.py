@@ -99,6 +99,8 @@ class Follower:
             try:
                 await recover_from_worker_death(self.handle._client, self.run_id, death.identity,
                                                 f"worker {death.identity} died ({death.cause})")
+                if death.name == "trainer":  # also what was only scheduled on its queue
+                    await self.handle.signal(TrainingWorkflow.trainer_lost)
             except Exception as e:  # noqa: BLE001 - best effort: heartbeat timeouts still recover
                 log.warning("follow.recovery_failed", error=str(e)[:300])
 

@@ -217,6 +217,7 @@ class Launch:
                     if start_step is None:  # an earlier launch's workers died with it: their work goes on now
                         await recover_from_earlier_launch(svc.client, args.run_id, LAUNCH_ID,
                                                           "the worker's launcher was stopped or died")
+                        await handle.signal(TrainingWorkflow.trainer_lost)
                     self.t0 = time.monotonic()
                     self.follower = Follower(handle, args.run_id, supervisor, [svc, fleet], start_step=start_step,
                                              started_at=self.started_at)

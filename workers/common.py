@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from temporalio.client import Client
@@ -28,6 +29,7 @@ from vime.temporal.client import connect, ensure_search_attributes
 log = get_logger(__name__)
 
 IDENTITY_ENV = "VIME_WORKER_IDENTITY"
+CONNECT_WAIT_S = 120.0
 
 
 def worker_identity(kind: str) -> str:
@@ -36,10 +38,21 @@ def worker_identity(kind: str) -> str:
     return os.environ.get(IDENTITY_ENV) or f"{kind}-{os.getpid()}@{socket.gethostname()}"
 
 
-async def connect_from_args(args, kind: str = "worker") -> Client:
+async def connect_from_args(args, kind: str = "worker", wait: float = CONNECT_WAIT_S) -> Client:
+    """Connect to `--temporal-address`, waiting up to `wait` s for a server that is still starting
+    (workers may start first), then register vime's search attributes there."""
     if not args.temporal_address:
         raise ConfigError("a worker needs --temporal-address (`vime train` passes the one it started)")
-    client = await connect(args.temporal_address, args.temporal_namespace, identity=worker_identity(kind))
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            client = await connect(args.temporal_address, args.temporal_namespace, identity=worker_identity(kind))
+            break
+        except ServiceError:
+            if time.monotonic() > deadline:
+                raise
+            log.warning("worker.waiting_for_temporal", address=args.temporal_address)
+            await asyncio.sleep(2.0)
     await ensure_search_attributes(client, args.temporal_namespace)
     return client
 

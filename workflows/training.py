@@ -42,6 +42,7 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 
 with workflow.unsafe.imports_passed_through():
     from vime.temporal.search_attributes import POLICY_VERSION, ROLLOUT_STATUS, RUN_ID
+    from vime.types import RolloutRef, SampleRef  # noqa: F401 - the types of an agent rollout's result
     from workflows.coding_agent import (AgentRolloutInput, CodingAgentRolloutWorkflow,
                                         agent_workflow_id)
     from workflows.rollout import (CONFIG_ERROR, ROLLOUT_STEP, RolloutInput, RolloutOutput,
@@ -168,6 +169,7 @@ class TrainingWorkflow:
         self.trainer: TrainerInfo | None = None
         self.phase = "starting"
         self.recorded: dict[int, RecordedStep] = {}
+        self.trainer_losses = 0  # `trainer_lost` signals received
 
     @workflow.query
     def progress(self) -> dict:
@@ -175,6 +177,14 @@ class TrainingWorkflow:
                 "phase": self.phase, "weight_version": self.state.weight_version,
                 "data_position": self.state.data_position, "checkpoint_step": self.state.checkpoint_step,
                 "checkpoint": self.state.checkpoint, "metrics": self.state.metrics[-KEEP_METRICS:]}
+
+    @workflow.signal
+    def trainer_lost(self) -> None:
+        """The launcher saw the trainer's process die, or started the run anew after its launcher
+        died: whatever trainer call is pending is abandoned and a live trainer attached now,
+        instead of after a heartbeat or schedule-to-start timeout."""
+        self.trainer_losses += 1
+        self.trainer = None
 
     @workflow.run
     async def run(self, inp: TrainingInput) -> TrainingState:
@@ -328,11 +338,10 @@ class TrainingWorkflow:
                                       heartbeat_seconds=cfg.rollout_heartbeat_seconds,
                                       sandbox_task_queue=cfg.sandbox_task_queue),
                     id=agent_workflow_id(cfg.run_id, position, i))
-            except ChildWorkflowError as e:
-                workflow.logger.error("agent rollout %s-%s failed: %s", position, i, e.cause)
-                return None
+            except ChildWorkflowError as e:  # infra failures are stored inside; what reaches here is final
+                raise _final(f"agent rollout {position}-{i} failed: {root_message(e)}") from e
 
-        outs = [o for o in await asyncio.gather(*(one(i) for i in range(cfg.n_samples_per_prompt))) if o]
+        outs = await asyncio.gather(*(one(i) for i in range(cfg.n_samples_per_prompt)))
         stored = [o for o in outs if o.rollout.samples]
         rewards = [o.reward for o in stored if o.reward is not None and not o.rollout.infra_failure]
         infra = sum(len(o.rollout.samples) for o in stored if o.rollout.infra_failure)
@@ -362,18 +371,27 @@ class TrainingWorkflow:
         return info
 
     async def _with_trainer(self, phase: str, call):
-        """Run `call(trainer)`; on a lost trainer (a timeout, or `WorkerLost` from the launcher
-        that saw it die) re-attach and retry.
+        """Run `call(trainer)`; on a lost trainer (a timeout, `WorkerLost` from the launcher that
+        saw it die, or a `trainer_lost` signal) re-attach and retry.
 
         An error the trainer raised is retried on a re-attached trainer a few times, then fails
         the run with the trainer's message: a bug or bad data does not fix itself by looping.
         """
         errors = 0
         while True:
+            seen = self.trainer_losses
+            attempt = asyncio.create_task(self._attempt(phase, call))
+            await workflow.wait_condition(lambda: attempt.done() or self.trainer_losses != seen)
+            if not attempt.done():
+                attempt.cancel()
+                try:
+                    await attempt
+                except (asyncio.CancelledError, ActivityError):
+                    pass
+                workflow.logger.warning("%s: the trainer is gone (signalled); re-attaching", phase)
+                continue
             try:
-                info = self.trainer or await self._attach()
-                self.phase = phase
-                return await call(info)
+                return attempt.result()
             except ActivityError as e:
                 if isinstance(e.cause, ApplicationError) and e.cause.type == CONFIG_ERROR:
                     raise _final(f"{phase}: {root_message(e)}") from e
@@ -386,6 +404,11 @@ class TrainingWorkflow:
                         raise ApplicationError(f"{phase} failed {errors} times: {root_message(e)}",
                                                non_retryable=True) from e
                 workflow.logger.warning("%s: trainer lost or failed (%s); re-attaching", phase, e.cause)
+
+    async def _attempt(self, phase: str, call):
+        info = self.trainer or await self._attach()
+        self.phase = phase
+        return await call(info)
 
     async def _train(self, step: int) -> dict:
         return await self._with_trainer("train", lambda info: self._train_on(info, step))

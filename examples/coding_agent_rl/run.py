@@ -11,6 +11,7 @@ Temporal database, `summary.txt`; prints one line per RL step and, at the end, t
 from __future__ import annotations
 
 import asyncio
+import shlex
 import subprocess
 import sys
 import time
@@ -20,7 +21,7 @@ from examples.coding_agent_rl.gold_edits import write_prompts
 from examples.coding_agent_rl.sft_traces import write_traces
 from examples.coding_agent_rl.tasks.prepare import load_tasks
 from vime.args import parse_args
-from vime.launch import run_training
+from vime.launch import run_to_end
 from vime.log import configure_logging
 from vime.temporal.dev_server import TemporalDevServer, temporal_cli_path
 from vime.train.sft import load_sft_samples, run_sft
@@ -91,7 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     write_prompts(tasks[:count], run_dir / "prompts.jsonl")
     args = parse_args(rl_flags(run_dir, model, count) + argv)
     t0 = time.monotonic()
-    state = asyncio.run(run_training(args))
+    resume = shlex.join([sys.executable, "-m", "examples.coding_agent_rl.run", *sys.argv[1:],
+                         *([] if "--run-dir" in sys.argv else ["--run-dir", str(run_dir)])])
+    code, state = run_to_end(args, resume)
+    if state is None:
+        return code
     rewards = [m.get("reward_mean", 0.0) for m in state.metrics]
     line = (f"coding-agent: {len(rewards)} RL steps in {time.monotonic() - t0:.0f} s, mean reward per step "
             + " ".join(f"{r:.2f}" for r in rewards))

@@ -19,7 +19,7 @@ exist (`ensure_run`) before anything is written under it, so a mistyped run id f
 A locked SQLite store is waited out (see `vime.store.engine`): a write blocked by another
 process's lock finishes once the lock is released, up to `lock_wait_s`.
 One `SampleStore` per process; it is safe to share between threads. Its calls block: from
-async code use `vime.store.aio.AsyncSampleStore`.
+async code use `activities.store_calls.store_call`.
 """
 
 from __future__ import annotations
@@ -27,14 +27,15 @@ from __future__ import annotations
 import copy
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, func, insert, select, update
+from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from vime.errors import ConfigError
 from vime.store import codec
+from vime.store import queries as q
+from vime.store.queries import StatusFilter, StepManifest, Turn
 from vime.store.engine import (
     DEFAULT_BUSY_TIMEOUT_S,
     DEFAULT_LOCK_WAIT_S,
@@ -44,16 +45,13 @@ from vime.store.engine import (
     run_write,
     shown,
 )
-from vime.store.errors import AlreadyTrainedError, MissingManifestError, MissingSampleError, StoreError
+from vime.store.errors import MissingManifestError, MissingSampleError, StoreError
 from vime.store.migrate import upgrade_to_head
-from vime.store.models import RUN_ID_LENGTH, RunRow, SampleRow, StepManifestRow, TurnRow, utcnow
+from vime.store.models import RunRow, SampleRow, StepManifestRow, TurnRow, utcnow
 from vime.store.rows import (
-    REF_COLUMNS,
-    SAMPLE_COLUMNS,
     TURN_COLUMNS,
     check_json,
     check_rollout_id,
-    parse_status,
     row_to_ref,
     row_to_sample,
     sample_row,
@@ -61,38 +59,9 @@ from vime.store.rows import (
 )
 from vime.types import Sample, SampleError, SampleRef
 
-_CHUNK = 500  # keys per IN (...): old SQLite builds allow 999 bound parameters per statement
 _WRITE_ATTEMPTS = 3
 
 T = TypeVar("T")
-StatusFilter = Sample.Status | str | Iterable[Sample.Status | str] | None
-
-
-@dataclass(frozen=True)
-class Turn:
-    """One stored trajectory turn; `loss_mask` and `log_probs` align with `token_ids`."""
-
-    turn: int
-    token_ids: list[int]
-    loss_mask: list[int]
-    log_probs: list[float] | None
-    meta: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class StepManifest:
-    """What train step `step` of run `run_id` trains on, as recorded by `write_step_manifest`.
-
-    `rollout_ids` are in training order (each stands for all its siblings); `weight_version`
-    is the policy version the rollouts were started under; `meta` is a small JSON summary
-    (groups, samples, filter counts). Never changes once stored.
-    """
-
-    run_id: str
-    step: int
-    rollout_ids: list[str]
-    weight_version: int
-    meta: dict[str, Any]
 
 
 class SampleStore:
@@ -101,7 +70,7 @@ class SampleStore:
     def __init__(self, engine: Engine, *, lock_wait_s: float = DEFAULT_LOCK_WAIT_S) -> None:
         """Wrap an engine whose schema is already at head; `SampleStore.open` is the usual way in."""
         self._engine = engine
-        self._lock_wait_s = _check_seconds("lock_wait_s", lock_wait_s)
+        self._lock_wait_s = q.check_seconds("lock_wait_s", lock_wait_s)
         self._known_runs: set[str] = set()
         self._closed = False
 
@@ -121,7 +90,7 @@ class SampleStore:
         try) before `StoreLockedError`. The defaults (300 s, 600 s) outlast a lock held for
         minutes; a write still fails when a lock outlives both.
         """
-        _check_seconds("lock_wait_s", lock_wait_s)
+        q.check_seconds("lock_wait_s", lock_wait_s)
         url = resolve_url(target)
         engine = make_engine(url, busy_timeout_s=busy_timeout_s)
         try:
@@ -170,7 +139,7 @@ class SampleStore:
         The config stored is the one given when the run was created; later calls (a resumed
         run) do not change it.
         """
-        run_id = _check_run_id(run_id)
+        run_id = q.check_run_id(run_id)
         config_json = None if config is None else check_json("run config", dict(config))
 
         def work(conn: Connection) -> dict[str, Any] | None:
@@ -200,7 +169,7 @@ class SampleStore:
         Rollouts already stored are left as they are and their stored refs returned. Every
         sample is validated and encoded first: one bad sample and nothing is written.
         """
-        run_id = _check_run_id(run_id)
+        run_id = q.check_run_id(run_id)
         encoded: dict[str, list[dict[str, Any]]] = {}
         for raw_id, samples in rollouts.items():
             rollout_id = check_rollout_id(raw_id)
@@ -213,7 +182,7 @@ class SampleStore:
         now = utcnow()
 
         def work(conn: Connection) -> dict[str, list[SampleRef]]:
-            stored = _stored_refs(conn, run_id, list(encoded))
+            stored = q.stored_refs(conn, run_id, list(encoded))
             new_rows = [row for rid, rows in encoded.items() if rid not in stored for row in rows]
             for row in new_rows:
                 row["created_at"] = now
@@ -229,16 +198,16 @@ class SampleStore:
     def rollout_refs(self, run_id: str, rollout_id: str | int) -> list[SampleRef]:
         """Refs of a stored rollout's siblings in order; `[]` when it is not stored."""
         rollout_id = check_rollout_id(rollout_id)
-        return self._read(lambda conn: _stored_refs(conn, run_id, [rollout_id])).get(rollout_id, [])
+        return self._read(lambda conn: q.stored_refs(conn, run_id, [rollout_id])).get(rollout_id, [])
 
     def read_samples(self, run_id: str, keys: Iterable[str | SampleRef]) -> list[Sample]:
         """The samples under `keys` (or refs), in the order asked; raises `MissingSampleError`."""
-        wanted = [_key(run_id, k) for k in keys]
+        wanted = [q.key(run_id, k) for k in keys]
 
         def work(conn: Connection) -> dict[str, Sample]:
             found: dict[str, Sample] = {}
-            for chunk in _chunks(list(dict.fromkeys(wanted))):
-                query = _select_samples().where(SampleRow.run_id == run_id, SampleRow.key.in_(chunk))
+            for chunk in q.chunks(list(dict.fromkeys(wanted))):
+                query = q.select_samples().where(SampleRow.run_id == run_id, SampleRow.key.in_(chunk))
                 for row in conn.execute(query).mappings():
                     found[row["key"]] = row_to_sample(row)
             return found
@@ -262,7 +231,7 @@ class SampleStore:
         """The siblings of one rollout in order; raises `MissingSampleError` if it is not stored."""
         rollout_id = check_rollout_id(rollout_id)
         query = (
-            _select_samples()
+            q.select_samples()
             .where(SampleRow.run_id == run_id, SampleRow.rollout_id == rollout_id)
             .order_by(SampleRow.sibling)
         )
@@ -287,11 +256,11 @@ class SampleStore:
         """
         if batch_size < 1:
             raise ConfigError(f"iter_samples: batch_size {batch_size!r} must be at least 1")
-        where = _filters(run_id, status, untrained, rollout_id)
+        where = q.filters(run_id, status, untrained, rollout_id)
         last_id = 0
         while True:
             query = (
-                _select_samples(SampleRow.id.label("row_id"))
+                q.select_samples(SampleRow.id.label("row_id"))
                 .where(*where, SampleRow.id > last_id)
                 .order_by(SampleRow.id)
                 .limit(batch_size)
@@ -312,7 +281,7 @@ class SampleStore:
         rollout_id: str | int | None = None,
     ) -> int:
         """How many samples of the run match the filters (same filters as `iter_samples`)."""
-        query = select(func.count()).select_from(SampleRow).where(*_filters(run_id, status, untrained, rollout_id))
+        query = select(func.count()).select_from(SampleRow).where(*q.filters(run_id, status, untrained, rollout_id))
         return int(self._read(lambda conn: conn.execute(query).scalar_one()))
 
     def mark_trained(self, run_id: str, keys: Iterable[str | SampleRef], step: int) -> int:
@@ -322,9 +291,9 @@ class SampleStore:
         different step raises `AlreadyTrainedError` and nothing is marked: that batch would
         train a sample twice.
         """
-        _check_step("mark_trained", step)
-        wanted = list(dict.fromkeys(_key(run_id, k) for k in keys))
-        return self._write(lambda conn: _mark_trained(conn, run_id, wanted, step))
+        q.check_step("mark_trained", step)
+        wanted = list(dict.fromkeys(q.key(run_id, k) for k in keys))
+        return self._write(lambda conn: q.mark_trained(conn, run_id, wanted, step))
 
     def trained_counts(self, run_id: str) -> dict[int, int]:
         """How many samples each train step consumed (`mark_trained`), by step, ascending.
@@ -358,8 +327,8 @@ class SampleStore:
         (`MissingSampleError` names the first that is not, and nothing is written). The check
         and the insert are one transaction.
         """
-        run_id = _check_run_id(run_id)
-        _check_step("write_step_manifest", step)
+        run_id = q.check_run_id(run_id)
+        q.check_step("write_step_manifest", step)
         if isinstance(weight_version, bool) or not isinstance(weight_version, int) or weight_version < 0:
             raise ConfigError(f"write_step_manifest: weight_version {weight_version!r} must be an int >= 0")
         if isinstance(rollout_ids, str | bytes) or not isinstance(rollout_ids, Sequence):
@@ -385,11 +354,11 @@ class SampleStore:
         now = utcnow()
 
         def work(conn: Connection) -> StepManifest:
-            stored = _read_manifest(conn, run_id, step)
+            stored = q.read_manifest(conn, run_id, step)
             if stored is not None:
                 return stored
             present: set[str] = set()
-            for chunk in _chunks(ids):
+            for chunk in q.chunks(ids):
                 query = (
                     select(SampleRow.rollout_id)
                     .where(SampleRow.run_id == run_id, SampleRow.rollout_id.in_(chunk))
@@ -412,7 +381,7 @@ class SampleStore:
                 "created_at": now,
             }
             conn.execute(insert(StepManifestRow.__table__), row)
-            written = _read_manifest(conn, run_id, step)  # as every later read will see it
+            written = q.read_manifest(conn, run_id, step)  # as every later read will see it
             assert written is not None
             return written
 
@@ -420,8 +389,8 @@ class SampleStore:
 
     def read_step_manifest(self, run_id: str, step: int) -> StepManifest | None:
         """The manifest recorded for train step `step`, None when the step has none yet."""
-        _check_step("read_step_manifest", step)
-        return self._read(lambda conn: _read_manifest(conn, run_id, step))
+        q.check_step("read_step_manifest", step)
+        return self._read(lambda conn: q.read_manifest(conn, run_id, step))
 
     def read_step_samples(self, run_id: str, step: int) -> list[Sample]:
         """The samples train step `step` trains on: each manifest rollout's siblings, in manifest order.
@@ -429,14 +398,14 @@ class SampleStore:
         Raises `MissingManifestError` when the step has no manifest. Manifest and samples are
         read in one snapshot.
         """
-        _check_step("read_step_samples", step)
+        q.check_step("read_step_samples", step)
 
         def work(conn: Connection) -> list[Sample]:
             manifest = self._require_manifest(conn, run_id, step)
             by_rollout: dict[str, list[Sample]] = {}
-            for chunk in _chunks(manifest.rollout_ids):
+            for chunk in q.chunks(manifest.rollout_ids):
                 query = (
-                    _select_samples()
+                    q.select_samples()
                     .where(SampleRow.run_id == run_id, SampleRow.rollout_id.in_(chunk))
                     .order_by(SampleRow.rollout_id, SampleRow.sibling)
                 )
@@ -458,15 +427,15 @@ class SampleStore:
         Idempotent; `AlreadyTrainedError` (nothing marked) when a sample of the step was
         trained at another step; `MissingManifestError` when the step has no manifest.
         """
-        _check_step("mark_step_trained", step)
+        q.check_step("mark_step_trained", step)
 
         def work(conn: Connection) -> int:
             manifest = self._require_manifest(conn, run_id, step)
             keys: list[str] = []
-            for chunk in _chunks(manifest.rollout_ids):
+            for chunk in q.chunks(manifest.rollout_ids):
                 query = select(SampleRow.key).where(SampleRow.run_id == run_id, SampleRow.rollout_id.in_(chunk))
                 keys.extend(conn.execute(query).scalars())
-            return _mark_trained(conn, run_id, keys, step)
+            return q.mark_trained(conn, run_id, keys, step)
 
         return self._write(work)
 
@@ -487,14 +456,14 @@ class SampleStore:
         Turns must come in order: `turn` is 0 or `last_turn() + 1` (or an already stored turn,
         which is left unchanged: the first write wins, as for samples).
         """
-        run_id = _check_run_id(run_id)
+        run_id = q.check_run_id(run_id)
         rollout_id = check_rollout_id(rollout_id)
         row = turn_row(run_id, rollout_id, turn, token_ids, loss_mask, log_probs, meta)
         row["created_at"] = utcnow()
         self._require_run(run_id)
 
         def work(conn: Connection) -> bool:
-            last = _last_turn(conn, run_id, rollout_id)
+            last = q.last_turn(conn, run_id, rollout_id)
             if last is not None and turn <= last:
                 return False
             expected = 0 if last is None else last + 1
@@ -531,7 +500,7 @@ class SampleStore:
     def last_turn(self, run_id: str, rollout_id: str | int) -> int | None:
         """The highest stored turn of a rollout, None when it has none (start at turn 0)."""
         rollout_id = check_rollout_id(rollout_id)
-        return self._read(lambda conn: _last_turn(conn, run_id, rollout_id))
+        return self._read(lambda conn: q.last_turn(conn, run_id, rollout_id))
 
     # ---- internals ------------------------------------------------------------------------
 
@@ -559,7 +528,7 @@ class SampleStore:
         return run_read(self._live(), work, lock_wait_s=self._lock_wait_s)
 
     def _require_manifest(self, conn: Connection, run_id: str, step: int) -> StepManifest:
-        manifest = _read_manifest(conn, run_id, step)
+        manifest = q.read_manifest(conn, run_id, step)
         if manifest is None:
             raise MissingManifestError(
                 f"run {run_id!r} has no manifest for step {step} in store {self.url!r}; a step's rollouts are "
@@ -576,113 +545,3 @@ class SampleStore:
                 f"run {run_id!r} is not in store {self.url!r}; create it first with store.ensure_run({run_id!r})"
             )
         self._known_runs.add(run_id)
-
-
-def _check_run_id(run_id: str) -> str:
-    if not isinstance(run_id, str) or not run_id or len(run_id) > RUN_ID_LENGTH:
-        raise ConfigError(f"run_id {run_id!r} must be a non-empty str of at most {RUN_ID_LENGTH} characters")
-    return run_id
-
-
-def _check_step(what: str, step: int) -> None:
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ConfigError(f"{what}: step {step!r} must be an int >= 0")
-
-
-def _check_seconds(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise ConfigError(f"store {name} {value!r} must be a number of seconds >= 0")
-    return value
-
-
-def _key(run_id: str, key: str | SampleRef) -> str:
-    if isinstance(key, SampleRef):
-        if key.run_id != run_id:
-            raise ConfigError(f"SampleRef {key.key!r} belongs to run {key.run_id!r}, not to run {run_id!r}")
-        return key.key
-    if not isinstance(key, str):
-        raise ConfigError(f"sample key {key!r} must be a str like 'rollout-id/0' or a SampleRef")
-    return key
-
-
-def _chunks(items: list[str]) -> Iterator[list[str]]:
-    for start in range(0, len(items), _CHUNK):
-        yield items[start : start + _CHUNK]
-
-
-def _select_samples(*extra):
-    return select(*(column.label(name) for name, column in SAMPLE_COLUMNS.items()), *extra)
-
-
-def _stored_refs(conn: Connection, run_id: str, rollout_ids: list[str]) -> dict[str, list[SampleRef]]:
-    refs: dict[str, list[SampleRef]] = {}
-    columns = [column.label(name) for name, column in REF_COLUMNS.items()]
-    for chunk in _chunks(rollout_ids):
-        query = (
-            select(*columns)
-            .where(SampleRow.run_id == run_id, SampleRow.rollout_id.in_(chunk))
-            .order_by(SampleRow.rollout_id, SampleRow.sibling)
-        )
-        for row in conn.execute(query).mappings():
-            refs.setdefault(row["rollout_id"], []).append(row_to_ref(run_id, row))
-    return refs
-
-
-def _filters(run_id: str, status: StatusFilter, untrained: bool, rollout_id: str | int | None) -> list:
-    where: list = [SampleRow.run_id == run_id]
-    if status is not None:
-        statuses = [status] if isinstance(status, str) else list(status)
-        where.append(SampleRow.status.in_([parse_status(v, what="status filter").value for v in statuses]))
-    if untrained:
-        where.append(SampleRow.trained_step.is_(None))
-    if rollout_id is not None:
-        where.append(SampleRow.rollout_id == check_rollout_id(rollout_id))
-    return where
-
-
-def _mark_trained(conn: Connection, run_id: str, wanted: list[str], step: int) -> int:
-    """Set `trained_step = step` on samples `wanted` (distinct keys), all or none; see `mark_trained`."""
-    marked: dict[str, int | None] = {}
-    for chunk in _chunks(wanted):
-        query = select(SampleRow.key, SampleRow.trained_step).where(
-            SampleRow.run_id == run_id, SampleRow.key.in_(chunk)
-        )
-        for key, trained_step in conn.execute(query):
-            marked[key] = trained_step
-    missing = [k for k in wanted if k not in marked]
-    if missing:
-        raise MissingSampleError(
-            f"mark_trained: run {run_id!r} has no sample {missing[0]!r}"
-            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
-        )
-    twice = {k: s for k, s in marked.items() if s is not None and s != step}
-    if twice:
-        key, earlier = next(iter(twice.items()))
-        raise AlreadyTrainedError(
-            f"mark_trained: sample {key!r} of run {run_id!r} was trained at step {earlier}; marking it "
-            f"for step {step} would train it twice ({len(twice)} of the {len(wanted)} samples were trained "
-            f"before); drop them from the batch, e.g. pick samples with iter_samples(untrained=True)"
-        )
-    todo = [k for k in wanted if marked[k] is None]
-    for chunk in _chunks(todo):
-        conn.execute(
-            update(SampleRow)
-            .where(SampleRow.run_id == run_id, SampleRow.key.in_(chunk), SampleRow.trained_step.is_(None))
-            .values(trained_step=step)
-        )
-    return len(todo)
-
-
-def _read_manifest(conn: Connection, run_id: str, step: int) -> StepManifest | None:
-    query = select(
-        StepManifestRow.rollout_ids, StepManifestRow.weight_version, StepManifestRow.meta
-    ).where(StepManifestRow.run_id == run_id, StepManifestRow.step == step)
-    row = conn.execute(query).first()
-    if row is None:
-        return None
-    return StepManifest(run_id, step, list(row.rollout_ids), int(row.weight_version), dict(row.meta or {}))
-
-
-def _last_turn(conn: Connection, run_id: str, rollout_id: str) -> int | None:
-    query = select(func.max(TurnRow.turn)).where(TurnRow.run_id == run_id, TurnRow.rollout_id == rollout_id)
-    return conn.execute(query).scalar_one()

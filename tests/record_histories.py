@@ -1,0 +1,98 @@
+"""Record the workflow histories that `tests/test_replay.py` replays against the current code.
+
+    .venv/bin/python -m tests.record_histories [OUT_DIR]     (default: tests/data/histories)
+
+Three real runs on the tiny model, one vLLM CPU server shared by them (~5 minutes):
+- `quickstart`: a quickstart-shaped GRPO run with `--max-staleness 1` that continues as new every
+  2 steps (prefetched steps handed over), and one of its RolloutWorkflows;
+- `restarted-trainer`: a run whose trainer worker is killed with SIGKILL after its first step;
+- `agent`: a run of CodingAgentRolloutWorkflows (bubblewrap sandboxes, the built-in agent), and
+  one of its agent rollouts.
+
+Record again only when a workflow change is *meant* to break replay (and then version the
+change for runs in flight, see Temporal's patching); a failing replay test otherwise means a
+change would break every run in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+from temporalio.client import Client
+
+from examples.coding_agent_rl.gold_edits import write_prompts
+from examples.coding_agent_rl.tasks.prepare import load_tasks
+from tests.conftest import engine_flags
+from tests.runs import TrainRun
+from vime.engine.server import VLLMServer
+from vime.engine.weight_sync import weight_sync_server_args
+from vime.temporal.dev_server import TemporalDevServer
+from vime.testing.tiny_model import tiny_model_dir
+
+OUT = Path(__file__).resolve().parent / "data" / "histories"
+
+
+async def dump(run: TrainRun, out: Path, name: str, extra_types: tuple[str, ...]) -> list[Path]:
+    """Write every execution of the run's training workflow, and the first workflow of each of
+    `extra_types`, as Temporal JSON histories named `<name>-<workflow>-<n>.json`."""
+    server = TemporalDevServer(run.run_dir, headless=True)
+    server.start()
+    written = []
+    try:
+        client = await Client.connect(server.address)
+        executions = [e async for e in client.list_workflows(f"WorkflowId = 'train-{run.run_id}'")]
+        for wf_type in extra_types:
+            found = [e async for e in client.list_workflows(f"WorkflowType = '{wf_type}'")]
+            executions += sorted(found, key=lambda e: e.start_time)[:1]
+        for i, e in enumerate(sorted(executions, key=lambda e: (e.workflow_type, e.start_time))):
+            history = await client.get_workflow_handle(e.id, run_id=e.run_id).fetch_history()
+            path = out / f"{name}-{e.workflow_type}-{i}.json"
+            path.write_text(json.dumps(json.loads(history.to_json()), indent=None))
+            written.append(path)
+    finally:
+        server.stop()
+    return written
+
+
+def record(out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    model = tiny_model_dir()
+    work = Path(tempfile.mkdtemp(prefix="vime-histories-"))
+    server = VLLMServer(model, server_args=[*weight_sync_server_args(), "--max-model-len", "2048", "--seed", "0"],
+                        log_path=work / "vllm.log")
+    with server:
+        flags = engine_flags(server)
+        quick = TrainRun(work / "quickstart", model, *flags, "--max-staleness", "1", "--continue-as-new-after-steps",
+                         "2", steps=3, run="quickstart")
+        assert quick.run_to_end() == 0, quick.tail()
+        files = asyncio.run(dump(quick, out, "quickstart", ("RolloutWorkflow",)))
+
+        restarted = TrainRun(work / "restarted", model, *flags, steps=3, run="restarted")
+        restarted.start()
+        restarted.wait_for_step(1)
+        os.kill(restarted.pid("trainer"), signal.SIGKILL)
+        assert restarted.wait() == 0, restarted.tail()
+        assert "re-attaching" in (restarted.run_dir / "worker-rollout.log").read_text()
+        files += asyncio.run(dump(restarted, out, "restarted-trainer", ()))
+
+        tasks = work / "agent"
+        tasks.mkdir(parents=True)
+        prompts = write_prompts(load_tasks()[:1], tasks / "coding-tasks.jsonl")
+        agent = TrainRun(tasks, model, *flags, "--prompt-data", str(prompts), "--rollout-workflow",
+                         "CodingAgentRolloutWorkflow", "--agent-max-turns", "2", "--agent-max-tokens", "32",
+                         "--agent-max-format-errors", "2", "--rm-type", "exact_match", steps=1, groups=1, n=2,
+                         run="agent")
+        assert agent.run_to_end() == 0, agent.tail()
+        files += asyncio.run(dump(agent, out, "agent", ("CodingAgentRolloutWorkflow",)))
+    for path in files:
+        print(f"{path} ({path.stat().st_size // 1024} KiB)")
+
+
+if __name__ == "__main__":
+    record(Path(sys.argv[1]) if len(sys.argv) > 1 else OUT)
