@@ -15,17 +15,15 @@ tasks and heartbeats, and a write may wait for a lock.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from typing import Any
 
-import aiohttp
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.errors import final_config_errors
 from activities.heartbeat import heartbeating
 from activities.store_calls import store_call
+from vime.engine.health import wait_until_healthy
 from vime.plugins import call_hook_async, load_hook
 from vime.rollout.data_source import make_data_source
 from vime.rollout.filters import apply_dynamic_filter
@@ -64,20 +62,9 @@ def _infra_cause(results: list[list[Sample]]) -> tuple[int, str] | None:
 
 
 async def wait_for_engine(url: str, timeout: float = ENGINE_WAIT_S) -> bool:
-    """Poll `url/health` (heartbeating) until it answers 200 or `timeout` passes."""
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3)) as http:
-        while time.monotonic() < deadline:
-            try:
-                async with http.get(url.rstrip("/") + "/health") as resp:
-                    if resp.status == 200:
-                        return True
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                pass
-            if activity.in_activity():
-                activity.heartbeat("waiting for the engine")
-            await asyncio.sleep(1.0)
-    return False
+    """Wait (heartbeating) until the engine at `url` answers `/health`, at most `timeout` s."""
+    beat = (lambda: activity.heartbeat("waiting for the engine")) if activity.in_activity() else None
+    return await wait_until_healthy(url, timeout, while_waiting=beat)
 
 
 class RolloutActivities:

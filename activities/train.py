@@ -23,8 +23,8 @@ from temporalio import activity
 
 from activities.errors import final_config_errors
 from activities.heartbeat import heartbeating
-from activities.rollout import wait_for_engine
 from vime.engine import live_weights
+from vime.engine.health import wait_until_healthy
 from vime.engine.weight_sync import WeightSync, verify_sync
 from vime.errors import ServiceError
 from vime.log import get_logger
@@ -88,6 +88,7 @@ class TrainerActivities:
         publish = functools.partial(live_weights.publish, run_dir=self.group.args.run_dir,
                                     base_checkpoint=self.group.args.hf_checkpoint)
         deadline = time.monotonic() + SYNC_WAIT_S
+        failed_while_up = 0  # a server that came back needs its transfer engine set up again: one retry
         async with heartbeating():
             while True:
                 await self._wait_for(urls, deadline)
@@ -96,14 +97,16 @@ class TrainerActivities:
                     worst = max([await verify_sync(url, probe, expected, atol=self.verify_atol) for url in urls])
                     break
                 except ServiceError as e:
-                    if time.monotonic() > deadline or all([await wait_for_engine(u, 1.0) for u in urls]):
+                    if all([await wait_until_healthy(u, 1.0) for u in urls]):
+                        failed_while_up += 1
+                    if time.monotonic() > deadline or failed_while_up > 1:
                         raise  # the servers answer, so this is not a restart: report it
                     log.warning("sync.retry", error=str(e)[:300])
         return {**dataclasses.asdict(report), "probe_max_abs_diff": worst}
 
     async def _wait_for(self, urls: list[str], deadline: float) -> None:
         for url in urls:
-            while not await wait_for_engine(url, 30.0):
+            while not await wait_until_healthy(url, 30.0):
                 if time.monotonic() > deadline:
                     raise ServiceError(f"weight sync: vLLM server {url} has not answered /health for "
                                        f"{SYNC_WAIT_S / 60:.0f} minutes; start it (or check its log)")

@@ -91,8 +91,8 @@ def test_a_missing_checkpoint_directory_is_one_line_before_anything_starts(tmp_p
 
 
 @pytest.mark.vllm
-def test_a_reward_function_that_raises_stops_the_run_with_one_line_naming_it(training_server, tiny_model_dir,
-                                                                             tmp_path):
+def test_a_reward_function_that_raises_stops_the_run_in_one_line_and_the_fixed_run_resumes(
+        training_server, tiny_model_dir, tmp_path):
     write(tmp_path / "bad_reward.py", REWARD_THAT_RAISES)
     run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), "--custom-rm-path", "bad_reward.score")
     write(tmp_path / "prompts.jsonl", "".join(json.dumps({"prompt": f"p{i}", "label": ""}) + "\n" for i in range(8)))
@@ -103,6 +103,12 @@ def test_a_reward_function_that_raises_stops_the_run_with_one_line_naming_it(tra
     assert time.monotonic() - t0 < 60, f"{time.monotonic() - t0:.0f} s"
     assert stored_samples(run.run_dir) == 0
     run.assert_nothing_left()
+
+    # fixed, the same command resumes the failed run and trains it to the end
+    write(tmp_path / "bad_reward.py", "async def score(args, sample):\n    return 0.5\n")
+    assert run.run_to_end(600) == 0, run.tail()
+    assert "workflow failed (" in run.output(2) and "starting it again" in run.output(2)
+    run.assert_trained_exactly_once()
 
 
 @pytest.mark.vllm

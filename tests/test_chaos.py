@@ -41,9 +41,9 @@ def drill(run: TrainRun, capsys, what: str, fault, *, at_step: int) -> None:
     from the fault's end to the next finished step: the recovery time."""
     run.wait_for_step(at_step, STEP_TIMEOUT)
     fault()
-    t0 = time.monotonic()
-    run.wait_for_step(at_step + 1, STEP_TIMEOUT)
-    report(capsys, f"{what} after step {at_step}: the next step finished {time.monotonic() - t0:.1f} s after "
+    t0, done = time.monotonic(), run.steps_done()
+    run.wait_for_step(done + 1, STEP_TIMEOUT)
+    report(capsys, f"{what} after step {done}: the next step finished {time.monotonic() - t0:.1f} s after "
                    "the fault ended")
 
 

@@ -18,7 +18,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.service import RPCError
 
 from vime.errors import ConfigError
@@ -50,6 +50,7 @@ class RunFailed(ConfigError):
 class Follower:
     """Watches one launch of a run. `services` are things with `async check() -> list[str] | str | None`."""
 
+    client: Client
     handle: WorkflowHandle
     run_id: str
     supervisor: Supervisor
@@ -97,7 +98,7 @@ class Follower:
         for death in self.supervisor.check():
             print(f"[vime] worker {death.name} died ({death.cause}); restarted it (the run continues)", flush=True)
             try:
-                await recover_from_worker_death(self.handle._client, self.run_id, death.identity,
+                await recover_from_worker_death(self.client, self.run_id, death.identity,
                                                 f"worker {death.identity} died ({death.cause})")
                 if death.name == "trainer":  # also what was only scheduled on its queue
                     await self.handle.signal(TrainingWorkflow.trainer_lost)

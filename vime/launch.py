@@ -219,8 +219,8 @@ class Launch:
                                                           "the worker's launcher was stopped or died")
                         await handle.signal(TrainingWorkflow.trainer_lost)
                     self.t0 = time.monotonic()
-                    self.follower = Follower(handle, args.run_id, supervisor, [svc, fleet], start_step=start_step,
-                                             started_at=self.started_at)
+                    self.follower = Follower(svc.client, handle, args.run_id, supervisor, [svc, fleet],
+                                             start_step=start_step, started_at=self.started_at)
                     state = await self.follower.follow()
         self._summarize(state)
         return state

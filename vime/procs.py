@@ -94,9 +94,10 @@ def last_error_line(path: str | Path) -> str | None:
 
 def exit_cause(code: int | None, log_path: str | Path) -> str:
     """Why a child exited, in a few words: the signal that killed it, else its log's last error."""
-    if code is not None and code >= 128:
+    signum = -code if code is not None and code < 0 else (code - 128 if code is not None and code > 128 else None)
+    if signum is not None:  # negative: the process itself was killed; above 128: the guard reports a kill
         try:
-            return f"killed by {signal.Signals(code - 128).name}"
+            return f"killed by {signal.Signals(signum).name}"
         except ValueError:
             return f"exit code {code}"
     return last_error_line(log_path) or f"exit code {code}"

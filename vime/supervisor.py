@@ -104,8 +104,8 @@ class Supervisor:
             if w.alive():
                 continue
             code = w.process.returncode if w.process else None
-            cause = last_error_line(w.log_path) if code is not None and 0 < code < 128 else None
-            crashed = code is not None and 0 < code < 128  # not killed by a signal
+            crashed = code is not None and 0 < code <= 128  # not killed by a signal
+            cause = last_error_line(w.log_path) if crashed else None
             early = crashed and time.monotonic() - w.started_at < STARTUP_WINDOW_S
             if code == CONFIG_ERROR_EXIT:
                 raise ConfigError(_strip_prefix(cause) or f"worker {w.name} stopped on a configuration error; "

@@ -1,0 +1,76 @@
+"""The engine fleet's supervision rules, on a stand-in server process (a real process that only
+sleeps, named as such: a vLLM start costs 30-60 s here, and `test_chaos.py` kills real vLLM
+servers). A dead server is restarted on the same address from the live weights; one that dies 3
+times in 10 minutes stops the launch with one line naming it, its log and its last error."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from vime.engine.fleet import EngineFleet
+from vime.errors import ServiceError
+from vime.procs import spawn, stop_process_group
+
+
+class SleepingServer:
+    """Stands in for `VLLMServer`: same attributes and lifecycle, a `sleep` process behind it."""
+
+    def __init__(self, model: str, log_path: Path, port: int = 4242) -> None:
+        self.model, self.log_path, self.port = model, log_path, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = None
+
+    def start(self) -> SleepingServer:
+        self.process = spawn([sys.executable, "-c", "import time; time.sleep(600)"], self.log_path)
+        return self
+
+    def wait_healthy(self, timeout: float) -> SleepingServer:
+        return self
+
+    def __enter__(self) -> SleepingServer:
+        return self.start()
+
+    def stop(self) -> None:
+        stop_process_group(self.process, 5)
+
+    def relaunch(self, model: str) -> SleepingServer:
+        return SleepingServer(model, self.log_path, self.port)
+
+
+async def restarted(fleet: EngineFleet) -> list[str]:
+    lines = await fleet.check()
+    while fleet.restarting:
+        await asyncio.sleep(0.05)
+        lines += await fleet.check()
+    return lines
+
+
+def kill(server: SleepingServer) -> None:
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.process.wait()
+
+
+async def test_a_dead_server_comes_back_on_its_address_and_the_third_death_stops_the_launch(tmp_path):
+    log = tmp_path / "vllm-0.log"
+    log.write_text("RuntimeError: CPU Generator does not use offset\n")  # what a crashed engine leaves
+    with EngineFleet([SleepingServer("base-model", log)], run_dir=tmp_path) as fleet:
+        first = fleet.slots[0].server
+        kill(first)
+        lines = await restarted(fleet)
+        back = fleet.slots[0].server
+        assert back is not first and back.url == first.url and back.model == "base-model"  # no sync yet
+        assert "vLLM server 0 (http://127.0.0.1:4242) died (killed by SIGKILL)" in lines[0]
+        assert "is back at http://127.0.0.1:4242" in lines[-1] and "the base checkpoint" in lines[-1]
+        kill(back)
+        await restarted(fleet)
+        fleet.slots[0].server.process.kill()
+        fleet.slots[0].server.process.wait()
+        with pytest.raises(ServiceError, match=r"vLLM server 0 \(http://127.0.0.1:4242\) died 3 times in 10 minutes; "
+                                               r"last error: killed by SIGKILL; see .*vllm-0.log"):
+            await fleet.check()
