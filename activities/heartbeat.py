@@ -17,7 +17,7 @@ from temporalio import activity
 @contextlib.asynccontextmanager
 async def heartbeating(interval: float | None = None, *details: Any) -> AsyncIterator[None]:
     """Send a heartbeat every `interval` s (default: a third of the heartbeat timeout, max 5 s)."""
-    if not activity.in_activity():
+    if not activity.in_activity() or activity.info().is_local:  # a local activity cannot heartbeat
         yield
         return
     timeout = activity.info().heartbeat_timeout

@@ -11,7 +11,7 @@ import importlib.util
 
 import pytest
 
-import vime.args as vime_args
+import vime.args_forward as forward
 from vime.args import VimeArgs, build_parser, parse_args, parse_args_or_exit
 from vime.errors import ConfigError
 
@@ -169,6 +169,7 @@ def test_explicit_values_beat_derived_defaults():
         (["--eps-clip-c", "0.5"], "--eps-clip-c must be > 1"),
         (["--tis-clip-low", "3"], "--tis-clip-low 3.0 / --tis-clip 2.0"),
         (["--tis-clip-low", "-1"], "--tis-clip-low must be >= 0"),
+        (["--mis-low", "2", "--mis-high", "1"], "--mis-low 2.0 / --mis-high 1.0"),
     ],
 )
 def test_bad_values_name_the_flag(argv, expected):
@@ -295,25 +296,25 @@ def test_vllm_config_is_read_and_checked(tmp_path):
 
 def test_vimes_own_flags_do_not_need_vllm(monkeypatch):
     """--vllm-router-*, --vllm-num-servers, --vllm-config and --router-policy are vime's: no vLLM import."""
-    monkeypatch.setattr(vime_args, "VLLM_PARSER_SOURCES", (("no_such_vllm.cli_args", "make_arg_parser"),))
-    monkeypatch.setattr(vime_args, "_vllm_actions", functools.cache(vime_args._vllm_actions.__wrapped__))
+    monkeypatch.setattr(forward, "VLLM_PARSER_SOURCES", (("no_such_vllm.cli_args", "make_arg_parser"),))
+    monkeypatch.setattr(forward, "vllm_actions", functools.cache(forward.vllm_actions.__wrapped__))
     args = parse_args(["--vllm-router-ip", "10.0.0.2", "--vllm-router-port=8000", "--vllm-num-servers", "2"])
     assert (args.vllm_router_ip, args.vllm_router_port, args.vllm_num_servers) == ("10.0.0.2", 8000, 2)
     assert args.vllm_server_args == []
 
 
 def test_vllm_flags_without_vllm_say_what_to_install(monkeypatch):
-    monkeypatch.setattr(vime_args, "VLLM_PARSER_SOURCES", (("no_such_vllm.cli_args", "make_arg_parser"),))
-    monkeypatch.setattr(vime_args, "_vllm_actions", functools.cache(vime_args._vllm_actions.__wrapped__))
+    monkeypatch.setattr(forward, "VLLM_PARSER_SOURCES", (("no_such_vllm.cli_args", "make_arg_parser"),))
+    monkeypatch.setattr(forward, "vllm_actions", functools.cache(forward.vllm_actions.__wrapped__))
     message = error_of(["--vllm-max-model-len", "1024"])
     assert "--vllm-* server flags need vLLM" in message
     assert "vime[cpu]" in message and "vime[gpu]" in message
 
 
 def test_router_flags_without_router_say_what_to_install(monkeypatch):
-    monkeypatch.setattr(vime_args, "ROUTER_PARSER_SOURCE", ("no_such_router.router_args", "RouterArgs"))
-    monkeypatch.setattr(vime_args, "_router_actions", functools.cache(vime_args._router_actions.__wrapped__))
-    monkeypatch.setattr(vime_args, "router_policies", functools.cache(vime_args.router_policies.__wrapped__))
+    monkeypatch.setattr(forward, "ROUTER_PARSER_SOURCE", ("no_such_router.router_args", "RouterArgs"))
+    monkeypatch.setattr(forward, "router_actions", functools.cache(forward.router_actions.__wrapped__))
+    monkeypatch.setattr(forward, "router_policies", functools.cache(forward.router_policies.__wrapped__))
     assert parse_args(["--router-policy", "consistent_hash"]).router_policy == "consistent_hash"
     message = error_of(["--router-cache-threshold", "0.5"])
     assert "--router-* flags need vllm-router" in message and "vime[cpu]" in message
@@ -401,11 +402,27 @@ def test_vimes_own_vllm_flags_take_precedence(tmp_path):
 
 
 @needs_vllm
+def test_the_workers_of_vime_train_take_its_checked_vllm_flags_without_importing_vllm(monkeypatch):
+    """The launcher's parse checked every --vllm-* flag with vLLM's parser; its workers get the
+    same argv and the same server tokens without building that parser again."""
+    argv = ["--vllm-max-model-len", "512", "--lr", "1e-3", "--vllm-enforce-eager", "--vllm-router-ip", "10.0.0.5",
+            "--vllm-gpu-memory-utilization=0.3", "--vllm-num-servers", "1"]
+    launcher = parse_args(argv)
+    monkeypatch.setenv(forward.CHECKED_ENV, "1")
+    monkeypatch.setattr(forward, "VLLM_PARSER_SOURCES", (("no_such_vllm.cli_args", "make_arg_parser"),))
+    monkeypatch.setattr(forward, "vllm_actions", functools.cache(forward.vllm_actions.__wrapped__))
+    worker = parse_args(argv)
+    assert worker.vllm_server_args == launcher.vllm_server_args == [
+        "--max-model-len", "512", "--enforce-eager", "--gpu-memory-utilization", "0.3"]
+    assert (worker.vllm_router_ip, worker.vllm_num_servers, worker.lr) == ("10.0.0.5", 1, 1e-3)
+
+
+@needs_vllm
 def test_vllm_parser_is_built_once_per_process():
     build_parser(vllm=True)
-    first = vime_args.vllm_parser_build_seconds()
+    first = forward.vllm_parser_build_seconds()
     build_parser(vllm=True)
-    assert vime_args.vllm_parser_build_seconds() == first
+    assert forward.vllm_parser_build_seconds() == first
 
 
 # ---------------------------------------------------------------- --router-* forwarding
@@ -427,7 +444,7 @@ def test_router_flags_are_forwarded_as_router_tokens():
 def test_router_policy_choices_come_from_the_router():
     from vllm_router.router_args import RouterArgs
 
-    assert "consistent_hash" in vime_args.router_policies()
+    assert "consistent_hash" in forward.router_policies()
     assert RouterArgs.policy == parse_args([]).router_policy == "cache_aware"
     assert "--router-policy: invalid choice: 'sticky'" in error_of(["--router-policy", "sticky"])
 
@@ -443,3 +460,18 @@ def test_bad_and_unknown_router_flags():
 def test_router_listen_address_is_vimes():
     """Where the router listens is --vllm-router-ip/--vllm-router-port; the router's --host/--port are not exposed."""
     assert error_of(["--router-port", "30000"]).startswith("unknown flag --router-port")
+
+
+def test_upstreams_fully_async_rollout_function_selects_the_durable_fully_async_mode():
+    args = parse_args(["--rollout-function-path", "vime.rollout.fully_async_rollout.generate_rollout_fully_async"])
+    assert args.fully_async is True
+    assert args.rollout_function_path == parse_args([]).rollout_function_path  # per-group workflows, durable
+    assert (args.staleness_control, args.max_concurrent_rollouts) == ("pace", None)
+
+
+def test_fully_async_with_a_rollout_function_that_owns_whole_steps_is_refused():
+    with pytest.raises(ConfigError, match="--fully-async .* --rollout-function-path my.steps.fn"):
+        parse_args(["--fully-async", "--rollout-function-path", "my.steps.fn"])
+    with pytest.raises(ConfigError, match="--max-concurrent-rollouts must be a positive integer"):
+        parse_args(["--fully-async", "--max-concurrent-rollouts", "0"])
+

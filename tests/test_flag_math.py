@@ -9,7 +9,7 @@ the flag from its default must change the advantages (and so the loss) or the lo
 The batch has three groups with different rewards and spreads, a fan-out (two siblings of one
 rollout), loss masks with holes, and log-probs that disagree: vLLM's (rollout), the trainer's
 before the update (old), the trainer's now (current; ratios from about 0.25 to 4) and the
-reference's, so clipping, dual-clip, TIS and every KL estimator have something to act on.
+reference's, so clipping, dual-clip, TIS, MIS and every KL estimator have something to act on.
 """
 
 from __future__ import annotations
@@ -120,6 +120,10 @@ FLAGS = [
     ("--use-tis", [], ["--use-tis"], LOSS),
     ("--tis-clip", ["--use-tis"], ["--tis-clip", "1.2"], LOSS),
     ("--tis-clip-low", ["--use-tis"], ["--tis-clip-low", "0.8"], LOSS),
+    ("--use-mis", [], ["--use-mis"], LOSS),
+    ("--use-mis(with --use-tis)", ["--use-tis"], ["--use-mis"], LOSS),
+    ("--mis-low", ["--use-mis"], ["--mis-low", "0.8"], LOSS),
+    ("--mis-high", ["--use-mis"], ["--mis-high", "1.5"], LOSS),
     ("--loss-type=sft_loss", [], ["--loss-type", "sft_loss"], LOSS),
 ]
 

@@ -12,6 +12,7 @@ import importlib
 import itertools
 import json
 import textwrap
+import uuid
 
 import pytest
 
@@ -55,7 +56,8 @@ def hook_module(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
 
     def make(source: str) -> str:
-        name = f"gen_hooks_{next(_ids)}"
+        # unique per process: another test module importing this fixture gets its own counter
+        name = f"gen_hooks_{next(_ids)}_{uuid.uuid4().hex[:8]}"
         (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
         return name
 

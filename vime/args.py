@@ -25,15 +25,14 @@ import argparse
 import dataclasses
 import difflib
 import functools
-import importlib
 import json
+import os
 import sys
-import time
 import typing
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-
+from vime import args_forward as forward
 from vime.args_resolve import resolve
 from vime.errors import ConfigError
 
@@ -59,7 +58,6 @@ GROUPS = {
 
 ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 # Used for --router-policy when vllm-router is not installed; the router's own list wins otherwise.
-_FALLBACK_ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash")
 
 
 def _flag(group: str, default: Any, help: str, **argparse_kwargs: Any) -> Any:
@@ -130,6 +128,15 @@ class VimeArgs:
     dynamic_sampling_filter_path: str | None = _rollout(None, "Keep or drop a finished group (DAPO-style).")
     buffer_filter_path: str | None = _rollout(None, "Pick groups from the buffer: list[list[Sample]] -> same.")
     max_staleness: int = _rollout(0, "Weight versions a sample may lag the trainer by (0: on-policy).")
+    fully_async: bool = _rollout(
+        False, "Keep --max-concurrent-rollouts groups in flight at all times and build each step from groups "
+               "in the order they finish (within --max-staleness); also set by upstream's "
+               "--rollout-function-path vime.rollout.fully_async_rollout.generate_rollout_fully_async.")
+    max_concurrent_rollouts: int | None = _rollout(
+        None, "Fully async: prompt groups generating at once (default: --rollout-batch-size).")
+    staleness_control: str = _rollout(
+        "pace", "Fully async: pace (start no group that would exceed --max-staleness) or discard (keep the pool "
+                "full; drop and count groups past the bound).", choices=("pace", "discard"))
     eval_function_path: str | None = _rollout(None, "Eval rollout function (default: --rollout-function-path).")
     eval_interval: int | None = _rollout(None, "Evaluate every N rollout steps.")
     n_samples_per_eval_prompt: int = _rollout(1, "Responses per eval prompt.")
@@ -155,7 +162,8 @@ class VimeArgs:
     )
     micro_batch_size: int = _training(1, "Samples per forward/backward.")
     use_dynamic_batch_size: bool = _training(False, "Pack micro-batches up to --max-tokens-per-gpu.")
-    max_tokens_per_gpu: int | None = _training(None, "Token budget of a packed micro-batch.")
+    max_tokens_per_gpu: int | None = _training(
+        None, "Token budget of a packed micro-batch (default: 8192 on GPUs, 1024 on CPU).")
     gradient_checkpointing: bool = _training(False, "Recompute activations in backward.")
     seed: int = _training(1234, "Trainer seed.")
     sft_num_steps: int | None = _training(
@@ -179,6 +187,12 @@ class VimeArgs:
     use_tis: bool = _algorithm(False, "Truncated importance sampling against rollout logprobs.")
     tis_clip: float = _algorithm(2.0, "Upper clip of the TIS ratio (with --use-tis).")
     tis_clip_low: float = _algorithm(0.0, "Lower clip of the TIS ratio (with --use-tis).")
+    use_mis: bool = _algorithm(
+        False, "Masked importance sampling: drop tokens whose trainer/rollout logprob ratio leaves [--mis-low, "
+        "--mis-high] from the policy loss; weight the others by that ratio (truncated by --tis-clip with --use-tis)."
+    )
+    mis_low: float = _algorithm(0.5, "Lower bound of the MIS ratio band (with --use-mis).")
+    mis_high: float = _algorithm(2.0, "Upper bound of the MIS ratio band (with --use-mis).")
     loss_type: str = _algorithm("policy_loss", "Loss.", choices=("policy_loss", "sft_loss"))
     normalize_advantages: bool = _algorithm(
         False, "Whiten advantages over the rollout batch's loss tokens (required by the REINFORCE++ estimators)."
@@ -275,138 +289,6 @@ class _Parser(argparse.ArgumentParser):
         raise ConfigError(message.removeprefix("argument "))
 
 
-# ---------------------------------------------------------------- flags forwarded to vLLM / router
-
-_NO_VALUE = object()
-
-# Where `vllm serve`'s parser lives; the first importable one wins (tests point this elsewhere).
-VLLM_PARSER_SOURCES = (
-    ("vllm.entrypoints.launchers.cli_args", "make_arg_parser"),  # vLLM >= 0.2x: `vllm serve` flags
-    ("vllm.entrypoints.openai.cli_args", "make_arg_parser"),  # older layout
-)
-ROUTER_PARSER_SOURCE = ("vllm_router.router_args", "RouterArgs")
-# vLLM flags vime sets per server itself; a user value would break the fleet.
-RESERVED_VLLM = {
-    "--model": "vime passes --hf-checkpoint as the model; set --hf-checkpoint",
-    "--host": "vime assigns each server its address; clients use --vllm-router-ip",
-    "--port": "vime assigns each server its port; clients use --vllm-router-port",
-}
-
-
-@functools.cache
-def _vllm_actions() -> tuple[tuple[argparse.Action, ...], float]:
-    """vLLM's `serve` parser actions and the seconds it took to build them (imports vLLM)."""
-    start = time.perf_counter()
-    errors = []
-    for module_name, attr in VLLM_PARSER_SOURCES:
-        try:
-            make = getattr(importlib.import_module(module_name), attr)
-            from vllm.utils.argparse_utils import FlexibleArgumentParser
-        except Exception as exc:  # noqa: BLE001 - a broken vLLM install fails here too; report it
-            errors.append(f"{module_name}: {exc}")
-            continue
-        return tuple(make(FlexibleArgumentParser())._actions), time.perf_counter() - start
-    raise ImportError("; ".join(errors))
-
-
-@functools.cache
-def _router_actions() -> tuple[argparse.Action, ...]:
-    router_args = getattr(importlib.import_module(ROUTER_PARSER_SOURCE[0]), ROUTER_PARSER_SOURCE[1])
-    parser = argparse.ArgumentParser(add_help=False)
-    router_args.add_cli_args(parser, exclude_host_port=True)  # vime owns where the router listens
-    return tuple(parser._actions)
-
-
-def vllm_parser_build_seconds() -> float:
-    """Seconds this process spent importing vLLM and building its parser (builds it if needed)."""
-    return _vllm_actions()[1]
-
-
-@functools.cache
-def router_policies() -> tuple[str, ...]:
-    try:
-        action = next(a for a in _router_actions() if "--policy" in a.option_strings)
-        return tuple(action.choices)
-    except (ImportError, StopIteration):
-        return _FALLBACK_ROUTER_POLICIES
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and "further information" not in ln]
-    return "; ".join(lines) or type(exc).__name__
-
-
-def _raw_checker(convert: Any, choices: Any) -> Any:
-    """Validate a value with the server's own type and choices, but keep the user's string.
-
-    Server types may turn strings into objects (dataclasses, enums) that do not print back
-    as CLI values, so the forwarded token is always the raw string.
-    """
-
-    def check(raw: str) -> str:
-        value = raw
-        if callable(convert):
-            try:
-                value = convert(raw)
-            except Exception as exc:  # noqa: BLE001 - any failure of the server's type is a bad value
-                raise argparse.ArgumentTypeError(f"invalid value {raw!r}: {_one_line(exc)}") from exc
-        if choices is not None and value not in choices:
-            shown = ", ".join(str(c) for c in choices if c is not None)
-            raise argparse.ArgumentTypeError(f"invalid choice {raw!r} (choose from {shown})")
-        return raw
-
-    return check
-
-
-class _Forward(argparse.Action):
-    """One generated flag: appends its server-side tokens to `namespace.<dest>` (a list).
-
-    Each alias (`--vllm-gpu-memory-utilization`, `--vllm-no-enforce-eager`, ...) is an action
-    of its own, so an error names exactly the option the user typed.
-    """
-
-    def __init__(self, option_strings, dest, *, server_flag, reserved=None, **kwargs):
-        super().__init__(option_strings, dest, **kwargs)
-        self.server_flag = server_flag
-        self.reserved = reserved
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        if self.reserved:
-            parser.error(f"{option_string} is not forwarded: {self.reserved}")
-        tokens = list(getattr(namespace, self.dest, None) or [])
-        if self.nargs == 0 or values is _NO_VALUE:
-            tokens.append(self.server_flag)
-        elif isinstance(values, list):
-            tokens += [self.server_flag, *values]
-        elif values.startswith("-"):
-            tokens.append(f"{self.server_flag}={values}")
-        else:
-            tokens += [self.server_flag, values]
-        setattr(namespace, self.dest, tokens)
-
-
-def _add_forwarded(group, actions, prefix: str, dest: str, taken: set[str], reserved: dict[str, str]) -> None:
-    """Add `--<prefix><flag>` for every long option of the server's `actions`, with the same nargs,
-    type and choices; options already in `taken` (vime's own flags) keep their vime meaning."""
-    for action in actions:
-        if isinstance(action, argparse._HelpAction):
-            continue
-        why = next((reserved[o] for o in action.option_strings if o in reserved), None)
-        kwargs: dict[str, Any] = {"nargs": action.nargs, "default": argparse.SUPPRESS, "help": argparse.SUPPRESS}
-        if action.nargs != 0:
-            kwargs["type"] = _raw_checker(action.type, action.choices)
-            kwargs["metavar"] = action.metavar or action.dest.upper()
-            if action.nargs == "?":
-                kwargs["const"] = _NO_VALUE
-        for opt in action.option_strings:
-            # A router flag already named router-* keeps its name (--router-temperature, not doubled).
-            ours = opt if prefix == "router-" and opt.startswith("--router-") else f"--{prefix}{opt[2:]}"
-            if not opt.startswith("--") or ours in taken:
-                continue
-            taken.add(ours)
-            group.add_argument(ours, action=_Forward, dest=dest, server_flag=opt, reserved=why, **kwargs)
-
-
 # ---------------------------------------------------------------- the parser
 
 
@@ -442,7 +324,7 @@ def build_parser(*, vllm: bool = False, router: bool = False) -> argparse.Argume
             else:
                 kwargs["type"] = inner
         if f.name == "router_policy":
-            kwargs["choices"] = router_policies()
+            kwargs["choices"] = forward.router_policies()
         if "choices" in kwargs and "action" not in kwargs:
             kwargs["metavar"] = "{" + ",".join(kwargs["choices"]) + "}"
         group.add_argument(option, **kwargs)
@@ -450,22 +332,22 @@ def build_parser(*, vllm: bool = False, router: bool = False) -> argparse.Argume
     taken = set(parser._option_string_actions)
     if vllm:
         try:
-            actions, _ = _vllm_actions()
+            actions, _ = forward.vllm_actions()
         except ImportError as exc:
             raise ConfigError(
                 f"--vllm-* server flags need vLLM, which cannot be imported here ({exc}); "
                 "install it with `pip install 'vime[cpu]'` (CPU hosts) or `pip install 'vime[gpu]'`"
             ) from exc
-        _add_forwarded(groups["vLLM"], actions, "vllm-", "vllm_server_args", taken, RESERVED_VLLM)
+        forward.add_forwarded(groups["vLLM"], actions, "vllm-", "vllm_server_args", taken, forward.RESERVED_VLLM)
     if router:
         try:
-            actions = _router_actions()
+            actions = forward.router_actions()
         except ImportError as exc:
             raise ConfigError(
                 f"--router-* flags need vllm-router, which cannot be imported here ({exc}); "
                 "install it with `pip install 'vime[cpu]'` or `pip install 'vime[gpu]'`"
             ) from exc
-        _add_forwarded(groups["router"], actions, "router-", "router_args", taken, {})
+        forward.add_forwarded(groups["router"], actions, "router-", "router_args", taken, {})
     return parser
 
 
@@ -475,34 +357,6 @@ def _own_options() -> set[str]:
 
 def _uses_prefix(argv: list[str], prefix: str, own: set[str]) -> bool:
     return any(t.startswith(prefix) and t.split("=", 1)[0] not in own for t in argv)
-
-
-def _pull_dotted_vllm(argv: list[str], parser: argparse.ArgumentParser) -> tuple[list[str], list[str]]:
-    """Take vLLM's dotted JSON form (`--vllm-compilation-config.mode 3`) out of argv.
-
-    argparse does not know these options; vLLM's parser assembles them into one JSON value.
-    """
-    rest, forwarded = [], []
-    i = 0
-    while i < len(argv):
-        tok = argv[i]
-        key = tok.split("=", 1)[0]
-        base = key.split(".", 1)[0]
-        action = parser._option_string_actions.get(base) if "." in key and tok.startswith("--vllm-") else None
-        if isinstance(action, _Forward) and action.nargs != 0:
-            server = action.server_flag + key[len(base):]
-            if "=" in tok:
-                forwarded.append(f"{server}={tok.split('=', 1)[1]}")
-            elif i + 1 < len(argv):
-                forwarded += [server, argv[i + 1]]
-                i += 1
-            else:
-                raise ConfigError(f"{key}: expected one argument")
-            i += 1
-            continue
-        rest.append(tok)
-        i += 1
-    return rest, forwarded
 
 
 def _unknown_flag_error(extras: list[str], parser: argparse.ArgumentParser) -> ConfigError:
@@ -527,15 +381,18 @@ def parse_args(argv: list[str] | None = None) -> VimeArgs:
     argv = list(sys.argv[1:] if argv is None else argv)
     own = _own_options()
     wants_help = any(a in ("-h", "--help") for a in argv)  # help lists the generated groups too
-    parser = build_parser(vllm=wants_help or _uses_prefix(argv, "--vllm-", own),
-                          router=wants_help or _uses_prefix(argv, "--router-", own))
-    tokens, dotted = _pull_dotted_vllm(argv, parser)
+    tokens, checked = argv, []
+    if os.environ.get(forward.CHECKED_ENV) == "1" and not wants_help:
+        tokens, checked = forward.take_checked_vllm_flags(argv, own)
+    parser = build_parser(vllm=wants_help or _uses_prefix(tokens, "--vllm-", own),
+                          router=wants_help or _uses_prefix(tokens, "--router-", own))
+    tokens, dotted = forward.pull_dotted_vllm(tokens, parser)
     namespace, extras = parser.parse_known_args(tokens)
     if extras:
         raise _unknown_flag_error(extras, parser)
     values = vars(namespace)
     args = VimeArgs(**{f.name: values[f.name] for f in flag_fields() if f.name in values})
-    args.vllm_server_args = values.get("vllm_server_args", []) + dotted
+    args.vllm_server_args = values.get("vllm_server_args", []) + dotted + checked
     args.router_args = values.get("router_args", [])
     if "router_policy" in values:
         args.router_args = ["--policy", args.router_policy, *args.router_args]

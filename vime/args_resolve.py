@@ -18,7 +18,7 @@ _POSITIVE = (
     "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size", "global_batch_size",
     "micro_batch_size", "num_rollout", "num_epoch", "rollout_max_response_len", "rollout_max_prompt_len",
     "max_tokens_per_gpu", "save_interval", "eval_interval", "vllm_num_servers", "sft_num_steps",
-    "n_samples_per_eval_prompt",
+    "n_samples_per_eval_prompt", "max_concurrent_rollouts",
 )
 _NON_NEGATIVE = ("max_staleness", "continue_as_new_after_steps", "lr", "min_lr", "lr_warmup_iters", "weight_decay",
                  "clip_grad", "eps_clip", "kl_coef", "kl_loss_coef", "entropy_coef", "tis_clip_low")
@@ -29,6 +29,10 @@ HOOK_FLAGS = ("rollout_function_path", "custom_generate_function_path", "dynamic
 # Estimators whose advantage compares the rollouts of one prompt (mirrors vime.train.advantages,
 # which imports torch; this module must stay light).
 GROUP_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
+
+DEFAULT_ROLLOUT_FUNCTION = "vime.rollout.vllm_rollout.generate_rollout"
+UPSTREAM_FULLY_ASYNC = "vime.rollout.fully_async_rollout.generate_rollout_fully_async"
+"""Upstream's fully async rollout function: here it selects the durable pool (`--fully-async`)."""
 
 
 def resolve(args: Any) -> None:
@@ -56,6 +60,12 @@ def resolve(args: Any) -> None:
     if args.vllm_router_port is not None and not 0 < args.vllm_router_port < 65536:
         raise ConfigError(f"--vllm-router-port must be a TCP port (1-65535), got {args.vllm_router_port}")
 
+    if args.rollout_function_path == UPSTREAM_FULLY_ASYNC:  # upstream's background worker → the durable pool
+        args.fully_async, args.rollout_function_path = True, DEFAULT_ROLLOUT_FUNCTION
+    if args.fully_async and args.rollout_function_path != DEFAULT_ROLLOUT_FUNCTION:
+        raise ConfigError(
+            f"--fully-async builds each step from per-group rollout workflows, but --rollout-function-path "
+            f"{args.rollout_function_path} produces whole steps itself: drop one of the two")
     if args.eps_clip_high is None:
         args.eps_clip_high = args.eps_clip
     if args.load is None:
@@ -122,6 +132,11 @@ def _check_loss_flags(args: Any) -> None:
         raise ConfigError(
             f"--tis-clip-low {args.tis_clip_low} / --tis-clip {args.tis_clip}: the TIS ratio is clipped to "
             "[low, high], so --tis-clip must be > 0 and >= --tis-clip-low"
+        )
+    if not 0 <= args.mis_low < args.mis_high:
+        raise ConfigError(
+            f"--mis-low {args.mis_low} / --mis-high {args.mis_high}: --use-mis keeps the tokens whose ratio lies "
+            "in [low, high], so 0 <= --mis-low < --mis-high"
         )
     if args.kl_coef and estimator not in ("reinforce_plus_plus", "reinforce_plus_plus_baseline"):
         raise ConfigError(

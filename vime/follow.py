@@ -38,6 +38,8 @@ def format_progress(m: dict, total: int) -> str:
     return (f"[{bar:<20}] step {done}/{total} | reward {m.get('reward_mean', float('nan')):.3f}"
             + (f" | kl {kl:.4f}" if kl is not None else "")
             + f" | len {m.get('response_length_mean', 0):.1f} | {m.get('train_tokens_per_second', 0):.0f} tok/s"
+            + (f" | stale {m['staleness_mean']:.1f}/{m['staleness_max']}" if "staleness_mean" in m else "")
+            + (f" dropped {m['dropped_groups']}" if m.get("dropped_groups") else "")
             + f" | rollout {m.get('rollout_wait_seconds', 0):.1f}s train {m.get('train_phase_seconds', 0):.1f}s"
             + f" sync {m.get('sync_seconds', 0):.2f}s (pause {m.get('sync_pause_seconds', 0):.3f}s)")
 

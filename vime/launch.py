@@ -35,6 +35,8 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
+from vime.args_forward import CHECKED_ENV
+from vime.args_resolve import DEFAULT_ROLLOUT_FUNCTION
 from vime.engine import live_weights
 from vime.engine.fleet import EngineFleet
 from vime.engine.server import VLLMServer
@@ -53,7 +55,6 @@ from workflows.training import TrainingConfig, TrainingInput, TrainingState, Tra
 
 log = get_logger(__name__)
 
-DEFAULT_ROLLOUT_FUNCTION = "vime.rollout.vllm_rollout.generate_rollout"
 
 
 @dataclass
@@ -65,6 +66,9 @@ class ExternalEngines:
 
     async def check(self) -> list[str]:
         return []
+
+    def wait_ready(self) -> None:
+        """Nothing to wait for: a workflow that needs the servers waits for them itself."""
 
 
 @contextlib.contextmanager
@@ -84,8 +88,11 @@ def engines(args, run_dir: Path) -> Iterator[EngineFleet | ExternalEngines]:
         router = Router([s.url for s in servers], args.router_args, log_path=run_dir / "router.log", run_dir=run_dir)
     print(f"[vime] starting {len(servers)} vLLM server(s) on {args.hf_checkpoint} (log: {servers[0].log_path})",
           flush=True)
-    with EngineFleet(servers, run_dir=run_dir, router=router) as fleet:
+    fleet = EngineFleet(servers, run_dir=run_dir, router=router).start()  # `wait_ready` once the workers start
+    try:
         yield fleet
+    finally:
+        fleet.__exit__()
 
 
 def initial_state(args) -> TrainingState:
@@ -110,6 +117,8 @@ def training_config(args) -> TrainingConfig:
         rollout_task_queue=args.rollout_task_queue, rollout_workflow=args.rollout_workflow,
         n_samples_per_prompt=args.n_samples_per_prompt, sandbox_task_queue=args.sandbox_task_queue,
         continue_as_new_after_steps=args.continue_as_new_after_steps,
+        fully_async=args.fully_async, max_concurrent_rollouts=args.max_concurrent_rollouts or 0,
+        staleness_control=args.staleness_control,
     )
 
 
@@ -173,8 +182,9 @@ def _workers(args, run_dir: Path, temporal_address: str, fleet) -> list[WorkerPr
     host, port = fleet.url.removeprefix("http://").rsplit(":", 1)
     argv = [*args.argv, "--temporal-address", temporal_address, "--vllm-router-ip", host,
             "--vllm-router-port", port, "--vllm-server-urls", *fleet.server_urls]
-    return [WorkerProcess("rollout", "workers.rollout", argv, run_dir / "worker-rollout.log", run_dir),
-            WorkerProcess("trainer", "workers.trainer", argv, run_dir / "worker-trainer.log", run_dir)]
+    checked = {CHECKED_ENV: "1"}  # this launcher's parse checked the --vllm-* flags: no vLLM import in workers
+    return [WorkerProcess("rollout", "workers.rollout", argv, run_dir / "worker-rollout.log", run_dir, env=checked),
+            WorkerProcess("trainer", "workers.trainer", argv, run_dir / "worker-trainer.log", run_dir, env=checked)]
 
 
 class Launch:
@@ -213,6 +223,7 @@ class Launch:
                 return done
             with engines(args, run_dir) as fleet:
                 with Supervisor(_workers(args, run_dir, svc.address, fleet)) as supervisor:
+                    await asyncio.to_thread(fleet.wait_ready)  # the workers start up meanwhile
                     handle, start_step = await start_or_attach(svc.client, args)
                     if start_step is None:  # an earlier launch's workers died with it: their work goes on now
                         await recover_from_earlier_launch(svc.client, args.run_id, LAUNCH_ID,
@@ -232,8 +243,10 @@ class Launch:
                    "weight_version": state.weight_version, "seconds": seconds, "checkpoint": state.checkpoint,
                    "metrics": state.metrics}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        dropped = sum(m.get("dropped_groups", 0) for m in state.metrics)
         print(f"[vime] run {self.args.run_id} finished: {state.step} steps, {trained} trained by this launch in "
-              f"{seconds:.0f} s; summary in {self.run_dir / 'summary.json'}", flush=True)
+              f"{seconds:.0f} s" + (f"; {dropped} groups dropped past --max-staleness" if dropped else "")
+              + f"; summary in {self.run_dir / 'summary.json'}", flush=True)
 
     def stopped_line(self, resume_command: str) -> str:
         """What Ctrl-C prints: where the run stands, what is saved, and the command that resumes."""

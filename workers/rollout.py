@@ -28,6 +28,13 @@ from workflows.coding_agent import CodingAgentRolloutWorkflow
 from workflows.rollout import RolloutWorkflow
 from workflows.training import TrainingWorkflow
 
+# Slots per worker: one per rollout group in flight. Groups run as local activities, and a group's
+# workflow holds a workflow-task slot while its local activity runs; the SDK's defaults (100 of
+# each) capped bench/concurrency.py at 800 of 1,000 sessions in flight (100 groups of 8), queued
+# behind the slots rather than behind vLLM.
+ROLLOUT_ACTIVITY_SLOTS = 256
+ROLLOUT_LOCAL_ACTIVITY_SLOTS = 512
+ROLLOUT_WORKFLOW_TASK_SLOTS = 512
 
 async def serve(args) -> None:
     client = await connect_from_args(args, "rollout")
@@ -54,7 +61,9 @@ async def serve(args) -> None:
                                   max_concurrent_activities=256))
         workers.insert(0, Worker(client, task_queue=args.rollout_task_queue,
                                  workflows=[TrainingWorkflow, RolloutWorkflow, CodingAgentRolloutWorkflow],
-                                 activities=activities, max_concurrent_activities=256))
+                                 activities=activities, max_concurrent_activities=ROLLOUT_ACTIVITY_SLOTS,
+                                 max_concurrent_local_activities=ROLLOUT_LOCAL_ACTIVITY_SLOTS,
+                                 max_concurrent_workflow_tasks=ROLLOUT_WORKFLOW_TASK_SLOTS))
         announce("rollout", workers, args)
         try:
             await run_until_signalled(workers)

@@ -21,11 +21,13 @@ Failure semantics of the activity (see activities/rollout.py):
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
+from temporalio.common import RetryPolicy, TypedSearchAttributes
+from temporalio.exceptions import ActivityError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from vime.temporal.search_attributes import POLICY_VERSION, REWARD, ROLLOUT_ID, ROLLOUT_STATUS, RUN_ID
@@ -50,6 +52,7 @@ class RolloutInput:
     weight_version: int
     evaluation: bool = False
     heartbeat_seconds: float = 60.0
+    local_activity: bool = False  # generate in the workflow's own worker (see RolloutWorkflow)
 
 
 @dataclass
@@ -72,17 +75,52 @@ def rollout_workflow_id(run_id: str, position: int) -> str:
     return f"{run_id}-rollout-{position}"
 
 
+def starting_search_attributes(inp: RolloutInput) -> TypedSearchAttributes:
+    """What a group's workflow is searchable by from its start (given by the parent at start: no
+    upsert, one visibility write fewer per group)."""
+    return TypedSearchAttributes([
+        RUN_ID.value_set(inp.run_id),
+        ROLLOUT_ID.value_set(str(inp.position)),
+        POLICY_VERSION.value_set(inp.weight_version),
+        ROLLOUT_STATUS.value_set("running"),
+    ])
+
+
 @workflow.defn(name="RolloutWorkflow")
 class RolloutWorkflow:
+    """One group: generate (an activity), then the final status and reward as search attributes.
+
+    With `local_activity` (what the TrainingWorkflow asks for) the group is generated as a local
+    activity, in the worker that runs this workflow: no activity task to dispatch, and the whole
+    workflow usually takes one workflow task. It stays durable: a worker that dies mid-group
+    leaves the workflow task to time out, and the next worker replays the workflow and generates
+    the group again (the store keeps the first write). Started without search attributes (the
+    CLI, the bench), the workflow sets them itself.
+    """
+
     @workflow.run
     async def run(self, inp: RolloutInput) -> RolloutOutput:
-        workflow.upsert_search_attributes([
-            RUN_ID.value_set(inp.run_id),
-            ROLLOUT_ID.value_set(str(inp.position)),
-            POLICY_VERSION.value_set(inp.weight_version),
-            ROLLOUT_STATUS.value_set("running"),
-        ])
-        out = await workflow.execute_activity(
+        if workflow.info().typed_search_attributes.get(RUN_ID) is None:
+            workflow.upsert_search_attributes(list(starting_search_attributes(inp)))
+        try:
+            out = await self._generate(inp)
+        except (asyncio.CancelledError, ActivityError) as e:
+            if isinstance(e, asyncio.CancelledError) or isinstance(e.cause, CancelledError):
+                # the training workflow cancelled it (stale, or the run ended)
+                workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("cancelled")])
+            raise
+        updates = [ROLLOUT_STATUS.value_set(out.status if out.keep else "filtered")]
+        if out.reward_mean is not None:
+            updates.append(REWARD.value_set(out.reward_mean))
+        workflow.upsert_search_attributes(updates)
+        return out
+
+    async def _generate(self, inp: RolloutInput) -> RolloutOutput:
+        if inp.local_activity:
+            return await workflow.execute_local_activity(
+                GENERATE_GROUP, inp, result_type=RolloutOutput, start_to_close_timeout=timedelta(hours=2),
+                retry_policy=rollout_retry_policy())
+        return await workflow.execute_activity(
             GENERATE_GROUP,
             inp,
             result_type=RolloutOutput,
@@ -90,11 +128,6 @@ class RolloutWorkflow:
             heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds),
             retry_policy=rollout_retry_policy(),
         )
-        updates = [ROLLOUT_STATUS.value_set(out.status if out.keep else "filtered")]
-        if out.reward_mean is not None:
-            updates.append(REWARD.value_set(out.reward_mean))
-        workflow.upsert_search_attributes(updates)
-        return out
 
 
 ROLLOUT_STEP = "generate_rollout_step"

@@ -43,11 +43,12 @@ from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflow
 with workflow.unsafe.imports_passed_through():
     from vime.temporal.search_attributes import POLICY_VERSION, ROLLOUT_STATUS, RUN_ID
     from vime.types import RolloutRef, SampleRef  # noqa: F401 - the types of an agent rollout's result
+    from workflows.async_pool import NothingToTrain, PoolConfig, PooledGroup, RolloutPool
     from workflows.coding_agent import (AgentRolloutInput, CodingAgentRolloutWorkflow,
                                         agent_workflow_id)
     from workflows.rollout import (CONFIG_ERROR, ROLLOUT_STEP, RolloutInput, RolloutOutput,
                                    RolloutStepInput, RolloutStepOutput, RolloutWorkflow,
-                                   rollout_retry_policy, rollout_workflow_id)
+                                   rollout_retry_policy, rollout_workflow_id, starting_search_attributes)
     from workflows.steps import RECORD_STEP, RECORDED_STEPS, RecordedStep, RecordedStepsInput, StepRecord
 
 WORKER_LOST = "WorkerLost"  # an activity the launcher failed because it saw its worker die
@@ -107,6 +108,10 @@ class TrainingConfig:
     n_samples_per_prompt: int = 1
     sandbox_task_queue: str = "vime-sandbox"
     continue_as_new_after_steps: int = 0  # 0: when Temporal suggests it
+    fully_async: bool = False  # a pool of groups always in flight, steps in finish order (async_pool)
+    max_concurrent_rollouts: int = 0  # groups in flight in fully async mode (0: rollout_batch_size)
+    staleness_control: str = "pace"  # or "discard" (fully async mode)
+    local_activities: bool = True  # each group generated as a local activity of its workflow (cheaper)
 
 
 @dataclass
@@ -117,6 +122,7 @@ class TrainingState:
     checkpoint_step: int = 0
     checkpoint: str | None = None
     metrics: list[dict] = field(default_factory=list)  # the most recent steps' metrics
+    queued: list[PooledGroup] = field(default_factory=list)  # fully async: finished groups handed over
 
 
 @dataclass
@@ -170,6 +176,9 @@ class TrainingWorkflow:
         self.phase = "starting"
         self.recorded: dict[int, RecordedStep] = {}
         self.trainer_losses = 0  # `trainer_lost` signals received
+        self.pool: RolloutPool | None = None  # fully async mode
+        self.async_metrics: dict[int, dict] = {}  # fully async: staleness of each step taken
+        self.next_take = 0  # fully async: the next step to take groups for
 
     @workflow.query
     def progress(self) -> dict:
@@ -195,19 +204,25 @@ class TrainingWorkflow:
         steps_this_run = 0
         if self.state.step < cfg.num_rollout:  # attaching syncs the servers: no rollout before that
             await self._with_trainer("attach", _attached)
+            if cfg.fully_async:
+                self.pool = self._make_pool()
         while self.state.step < cfg.num_rollout:
             step = self.state.step
-            for s in range(step, min(cfg.num_rollout, step + cfg.max_staleness + 1)):
-                if s not in prefetch:  # started in order, so prompt positions are claimed in order
-                    prefetch[s] = asyncio.create_task(self._prepare(s, self.state.weight_version))
+            if self.pool is None:
+                for s in range(step, min(cfg.num_rollout, step + cfg.max_staleness + 1)):
+                    if s not in prefetch:  # started in order, so prompt positions are claimed in order
+                        prefetch[s] = asyncio.create_task(self._prepare(s, self.state.weight_version))
             self.phase = "rollout"
             t0 = workflow.time()
-            prepared = await prefetch.pop(step)
+            prepared = await (self._take(step) if self.pool else prefetch.pop(step))
             t1 = workflow.time()
             metrics = await self._train(step)
             self.state.step = step + 1
             t2 = workflow.time()
             sync = await self._sync()
+            if self.pool:
+                self.pool.synced()
+                metrics.update(self.async_metrics.pop(step, {}), rollouts_in_flight=len(self.pool.in_flight))
             metrics.update(step=step, weight_version=self.state.weight_version, rollouts=prepared.rollouts,
                            rollout_wait_seconds=t1 - t0, train_phase_seconds=t2 - t1,
                            sync_seconds=workflow.time() - t2, sync_pause_seconds=sync.get("pause_seconds", 0.0),
@@ -221,8 +236,14 @@ class TrainingWorkflow:
             if self.state.step < cfg.num_rollout and self._continue_as_new_due(steps_this_run):
                 self.phase = "continue-as-new"
                 await asyncio.gather(*prefetch.values())  # each records its manifest: the next run trains it
+                if self.pool:  # the groups in flight finish; the next run gets them with its input
+                    self.state.queued = await self.pool.drain()
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(TrainingInput(cfg, self.state))
+        if self.pool:  # spares started for filtered or dropped groups: not trained, counted
+            if self.state.metrics:
+                self.state.metrics[-1]["groups_cancelled"] = len(self.pool.in_flight)
+            await self.pool.cancel()
         self.phase = "done"
         workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("done")])
         return self.state
@@ -250,10 +271,48 @@ class TrainingWorkflow:
         if step in self.recorded:
             return self.recorded.pop(step)
         groups = await self._collect(step, weight_version)
+        return await self._record(step, groups, weight_version)
+
+    async def _take(self, step: int) -> RecordedStep:
+        """Fully async: the step's groups as they finished, within the staleness bound."""
+        self.next_take = step + 1
+        if step in self.recorded:
+            return self.recorded.pop(step)
+        try:
+            taken = await self.pool.take()
+        except NothingToTrain as e:
+            raise _final(f"step {step}: no rollout group to train on ({e}); check --dynamic-sampling-filter-path")
+        staleness = taken.staleness
+        self.async_metrics[step] = {"staleness_mean": sum(staleness) / len(staleness),
+                                    "staleness_max": max(staleness), "dropped_groups": taken.dropped}
+        return await self._record(step, [g.out for g in taken.groups],
+                                  min(g.weight_version for g in taken.groups),
+                                  {"staleness": staleness, "dropped_groups": taken.dropped})
+
+    def _make_pool(self) -> RolloutPool:
+        cfg = self.cfg
+
+        def claim() -> int:
+            self.state.data_position += 1
+            return self.state.data_position - 1
+
+        pool_cfg = PoolConfig(cfg.rollout_batch_size, cfg.max_concurrent_rollouts or cfg.rollout_batch_size,
+                              cfg.max_staleness, cfg.staleness_control,
+                              max_filtered=cfg.max_filter_rounds * cfg.rollout_batch_size)
+        queued, self.state.queued = self.state.queued, []
+        self.next_take = self.state.step  # the first step whose groups the pool must provide
+        return RolloutPool(pool_cfg, lambda position, version: self._rollout(self.state.step, position, version),
+                           claim, lambda: cfg.num_rollout - self.next_take,
+                           lambda: self.state.weight_version, queued)
+
+    async def _record(self, step: int, groups: list[RolloutOutput], weight_version: int,
+                      extra: dict | None = None) -> RecordedStep:
+        """Check the step's groups and record its manifest (written once: a retry gets the first)."""
         self._check_step(step, groups)
         cfg = self.cfg
         meta = {"groups": len(groups), "samples": sum(g.samples for g in groups),
-                "errors": sum(g.errors for g in groups), "positions": [g.position for g in groups][:64]}
+                "errors": sum(g.errors for g in groups), "positions": [g.position for g in groups][:64],
+                **(extra or {})}
         record = StepRecord(cfg.run_id, step, [rid for g in groups for rid in g.rollout_ids], weight_version,
                             self.state.data_position, meta)
         return await workflow.execute_activity(
@@ -316,12 +375,11 @@ class TrainingWorkflow:
         if cfg.rollout_workflow == "CodingAgentRolloutWorkflow":
             return await self._agent_group(step, position, weight_version)
         try:
+            inp = RolloutInput(cfg.run_id, step, position, weight_version,
+                               heartbeat_seconds=cfg.rollout_heartbeat_seconds, local_activity=cfg.local_activities)
             return await workflow.execute_child_workflow(
-                RolloutWorkflow.run,
-                RolloutInput(cfg.run_id, step, position, weight_version,
-                             heartbeat_seconds=cfg.rollout_heartbeat_seconds),
-                id=rollout_workflow_id(cfg.run_id, position),
-            )
+                RolloutWorkflow.run, inp, id=rollout_workflow_id(cfg.run_id, position),
+                search_attributes=starting_search_attributes(inp))
         except ChildWorkflowError as e:  # infra failures retry inside; what reaches here is final
             raise _final(f"rollout group {position} failed: {root_message(e)}") from e
 
@@ -367,7 +425,11 @@ class TrainingWorkflow:
         self.trainer = info
         for s in range(at, self.state.step):  # steps trained since the checkpoint, from their manifests
             await self._train_on(info, s)
-        await self._sync_on(info)  # the servers may hold other weights (a lost trainer's, another run's)
+        # The servers may hold other weights (a lost trainer's, another run's): push this policy
+        # again under its own version. A new version would age every group in flight by one
+        # without the policy having changed (a kill -9 of the trainer trained a group 2 versions
+        # old under --max-staleness 1).
+        await self._sync_on(info, self.state.weight_version)
         return info
 
     async def _with_trainer(self, phase: str, call):
@@ -421,10 +483,14 @@ class TrainingWorkflow:
             retry_policy=RetryPolicy(maximum_attempts=1))
 
     async def _sync(self) -> dict:
-        return await self._with_trainer("sync", self._sync_on)
-
-    async def _sync_on(self, info: TrainerInfo) -> dict:
+        """The step's sync, under a version fixed before the first try: a retry (a trainer-lost
+        signal that lands after a sync went through, as on a rerun after Ctrl-C) pushes the same
+        version again instead of bumping it twice for one step."""
         version = self.state.weight_version + 1
+        return await self._with_trainer("sync", lambda info: self._sync_on(info, version))
+
+    async def _sync_on(self, info: TrainerInfo, version: int) -> dict:
+        """Push the trainer's weights to the servers as `version`."""
         report = await workflow.execute_activity(
             "sync_weights", SyncInput(version), result_type=dict, task_queue=info.queue,
             schedule_to_start_timeout=timedelta(seconds=30), **_short(3600),

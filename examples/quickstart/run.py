@@ -46,19 +46,26 @@ def default_flags(run_dir: Path, model: str) -> list[str]:
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    configure_logging(level="WARNING")
-    argv = list(sys.argv[1:] if argv is None else argv)
-    run_dir = Path("runs") / time.strftime("quickstart-%Y%m%d-%H%M%S")
+def prepare(argv: list[str], name: str) -> tuple[Path, str]:
+    """The run directory (`--run-dir`, or a new `runs/<name>-<time>`) with the prompts written in
+    it, and the model (`--hf-checkpoint`, or the tiny test model, built once and cached)."""
+    run_dir = Path("runs") / time.strftime(f"{name}-%Y%m%d-%H%M%S")
     if "--run-dir" in argv:
         run_dir = Path(argv[argv.index("--run-dir") + 1])
     model = argv[argv.index("--hf-checkpoint") + 1] if "--hf-checkpoint" in argv else None
     if model is None:
         from vime.testing.tiny_model import tiny_model_dir
 
-        print("[quickstart] building (or reusing) the tiny test model")
+        print(f"[{name}] building (or reusing) the tiny test model")
         model = str(tiny_model_dir())
     write_prompts(run_dir / "prompts.jsonl")
+    return run_dir, model
+
+
+def main(argv: list[str] | None = None) -> int:
+    configure_logging(level="WARNING")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    run_dir, model = prepare(argv, "quickstart")
     try:
         args = parse_args(default_flags(run_dir, model) + argv)
     except VimeError as e:
@@ -69,14 +76,19 @@ def main(argv: list[str] | None = None) -> int:
     code, state = run_to_end(args, resume)
     if state is None:
         return code
-    rewards = [m["reward_mean"] for m in state.metrics]
-    plot_curve(rewards, Path(args.run_dir) / "reward_curve.png", title="quickstart: mean reward per step")
-    first, last = rewards[0], sum(rewards[-3:]) / len(rewards[-3:])
-    line = (f"quickstart: mean reward {first:.2f} at step 1 -> {last:.2f} over the last 3 steps, "
-            f"{len(rewards)} steps, this launch took {time.monotonic() - t0:.0f} s; curve: {Path(args.run_dir) / 'reward_curve.png'}")
-    (Path(args.run_dir) / "summary.txt").write_text(line + "\n")
-    print(line)
+    summarize("quickstart", Path(args.run_dir), state.metrics, time.monotonic() - t0)
     return 0
+
+
+def summarize(name: str, run_dir: Path, metrics: list[dict], seconds: float, extra: str = "") -> None:
+    """Plot the reward curve and print (and write to `summary.txt`) the run's one-line summary."""
+    rewards = [m["reward_mean"] for m in metrics]
+    plot_curve(rewards, run_dir / "reward_curve.png", title=f"{name}: mean reward per step")
+    first, last = rewards[0], sum(rewards[-3:]) / len(rewards[-3:])
+    line = (f"{name}: mean reward {first:.2f} at step 1 -> {last:.2f} over the last 3 steps, {len(rewards)} steps"
+            f"{extra}, this launch took {seconds:.0f} s; curve: {run_dir / 'reward_curve.png'}")
+    (run_dir / "summary.txt").write_text(line + "\n")
+    print(line)
 
 
 if __name__ == "__main__":

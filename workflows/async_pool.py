@@ -1,0 +1,185 @@
+"""Fully async rollouts: a bounded pool of prompt groups always in flight, and steps built from
+groups in the order they finish (`--fully-async`, or upstream's
+`--rollout-function-path vime.rollout.fully_async_rollout.generate_rollout_fully_async`).
+
+Runs inside the TrainingWorkflow (deterministic: asyncio tasks in a workflow are scheduled from
+its history). Each group is a child RolloutWorkflow as in the synchronous mode, so a crash of a
+worker, an engine or the launcher loses no group in flight: the child goes on, or is retried.
+
+Staleness. A group's staleness is the number of weight versions between the policy it started
+under (its oldest token's) and the policy it is trained on. It is bounded by *pacing* (the
+default, `--staleness-control pace`): a group starts only while the groups in flight, finished
+and waiting, or taken by the step being trained number fewer than `(max_staleness + 1) x
+rollout_batch_size`. With `max_staleness=0` that is the synchronous schedule; with 1, the next
+step's groups sample while the trainer trains. Finished work is not thrown away to meet the
+bound, except a group that was overtaken for longer than the bound (a long tail): it is dropped
+and counted (`dropped_groups` in the step's metrics), never trained silently past the bound.
+`--staleness-control discard` keeps `--max-concurrent-rollouts` groups in flight whatever their
+age and drops (and counts) every group past the bound: more throughput, burnt rollouts.
+
+Weight sync does not wait for the pool: the servers pause with `mode=keep`, and a generation in
+flight goes on under the new weights (its weight-version spans say which tokens came from which).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.rollout import RolloutOutput
+
+PACE = "pace"
+DISCARD = "discard"
+
+
+@dataclass
+class PooledGroup:
+    """A finished group waiting for a step; small, so continue-as-new hands the queue over."""
+
+    position: int
+    weight_version: int  # the policy version the group started under
+    out: RolloutOutput = field(default_factory=lambda: RolloutOutput(0))
+
+
+@dataclass
+class PoolConfig:
+    batch_size: int  # kept groups per step (rollout_batch_size)
+    max_in_flight: int  # groups generating at once
+    max_staleness: int
+    control: str = PACE  # or DISCARD
+    max_filtered: int = 1024  # groups filtered in a row before the run stops: the filter keeps nothing
+
+
+@dataclass
+class TakenStep:
+    groups: list[PooledGroup]
+    staleness: list[int]  # per group, at the version it is trained on
+    dropped: int  # groups dropped past the staleness bound since the previous step
+
+
+class NothingToTrain(Exception):
+    """Every group finished in a long row was filtered out: the filter keeps nothing."""
+
+
+class RolloutPool:
+    """Keeps groups in flight; `take` hands out a step's worth in finish order.
+
+    `start(position, version)` runs one group to its end (a child workflow); `claim()` hands out
+    the next data position; `steps_left()` says how many steps still need groups, so the pool
+    never starts groups the run will not train; `version()` is the policy the servers hold.
+    """
+
+    def __init__(self, cfg: PoolConfig, start: Callable[[int, int], Awaitable[RolloutOutput]],
+                 claim: Callable[[], int], steps_left: Callable[[], int], version: Callable[[], int],
+                 queued: list[PooledGroup] | None = None) -> None:
+        self.cfg = cfg
+        self._start, self._claim, self._steps_left, self._version = start, claim, steps_left, version
+        self.ready: list[PooledGroup] = list(queued or [])
+        self.in_flight: dict[int, asyncio.Task] = {}
+        self.started_under: dict[int, int] = {}  # in flight: position -> the version it started under
+        self.cancelled: set[int] = set()  # positions cancelled on purpose (stale, or the run's end)
+        self.taken = 0  # groups of the step being trained, whose weights are not synced yet
+        self.dropped = 0
+        self.filtered_in_a_row = 0
+        self.closing = False
+        self.error: BaseException | None = None
+
+    # ---- starting ----------------------------------------------------------------------------
+
+    def live(self) -> int:
+        return len(self.in_flight) + len(self.ready) + self.taken
+
+    def fill(self) -> None:
+        """Start groups while the pool, the staleness budget and the run's remaining need allow."""
+        cfg = self.cfg
+        while not self.closing and self.error is None and len(self.in_flight) < cfg.max_in_flight:
+            need = self._steps_left() * cfg.batch_size - len(self.in_flight) - len(self.ready)
+            if need <= 0:
+                return
+            if cfg.control == PACE and self.live() >= (cfg.max_staleness + 1) * cfg.batch_size:
+                return
+            position, version = self._claim(), self._version()
+            self.started_under[position] = version
+            self.in_flight[position] = asyncio.create_task(self._run(position, version))
+
+    async def _run(self, position: int, version: int) -> None:
+        try:
+            out = await self._start(position, version)
+        except Exception as e:  # a final error of the group stops the run; one we cancelled does not
+            if position not in self.cancelled:
+                self.error = self.error or e
+            return
+        finally:
+            self.in_flight.pop(position, None)
+            self.started_under.pop(position, None)
+        if out.keep:
+            self.filtered_in_a_row = 0
+            self.ready.append(PooledGroup(position, version, out))
+            self._drop_stale()
+        else:
+            self.filtered_in_a_row += 1
+        self.fill()
+
+    # ---- taking ------------------------------------------------------------------------------
+
+    def _drop_stale(self) -> None:
+        """Drop (and count) the groups past the bound: finished ones, and ones still generating
+        (cancelled: they could only be dropped when they finish, and while counted as coming
+        they would hold back the groups that replace them). Called when a group finishes and
+        when the version moves, the only two events that make a group stale, so `ready` holds
+        only admissible groups (and the conditions waited on stay free of side effects)."""
+        bound = self._version() - self.cfg.max_staleness
+        kept = [g for g in self.ready if g.weight_version >= bound]
+        self.dropped += len(self.ready) - len(kept)
+        self.ready = kept
+        for position, version in list(self.started_under.items()):
+            if version < bound:
+                self.dropped += 1
+                self.cancelled.add(position)
+                self.started_under.pop(position)
+                self.in_flight.pop(position).cancel()
+
+    async def take(self) -> TakenStep:
+        """The next step's groups, in the order they finished, once `batch_size` are admissible."""
+        size = self.cfg.batch_size
+        self.fill()
+        await workflow.wait_condition(
+            lambda: self.error is not None or len(self.ready) >= size
+            or self.filtered_in_a_row >= self.cfg.max_filtered)
+        if self.error is not None:
+            raise self.error
+        if len(self.ready) < size:
+            raise NothingToTrain(f"{self.filtered_in_a_row} groups in a row were filtered out")
+        groups, self.ready = self.ready[:size], self.ready[size:]
+        self.taken = len(groups)
+        dropped, self.dropped = self.dropped, 0
+        return TakenStep(groups, [self._version() - g.weight_version for g in groups], dropped)
+
+    def synced(self) -> None:
+        """The step's weights are on the servers: its groups leave the staleness budget."""
+        self.taken = 0
+        self._drop_stale()
+        self.fill()
+
+    # ---- ending ------------------------------------------------------------------------------
+
+    async def drain(self) -> list[PooledGroup]:
+        """Stop starting groups, let those in flight finish; the finished ones, to hand over."""
+        self.closing = True
+        await workflow.wait_condition(lambda: not self.in_flight)
+        if self.error is not None:
+            raise self.error
+        return list(self.ready)
+
+    async def cancel(self) -> None:
+        """The run is over: groups still generating (filter or drop spares) are cancelled."""
+        self.closing = True
+        self.cancelled.update(self.in_flight)
+        tasks = list(self.in_flight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
