@@ -1,4 +1,4 @@
-"""Per-token losses: PPO-clip with clip-higher, GSPO ratio, KL estimators, TIS, entropy, SFT."""
+"""Per-token losses: PPO-clip with clip-higher, GSPO ratio, KL estimators, TIS, MIS, entropy, SFT."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from vime.train.losses import (
     entropy_from_logits,
     gspo_log_ratio,
     kl_divergence,
+    mis_mask,
     ppo_clip_loss,
     tis_weights,
     token_logprobs,
@@ -179,6 +180,47 @@ def test_compute_loss_applies_tis_to_the_policy_loss():
     assert metrics["tis"].item() == pytest.approx(2.5) and metrics["tis_clipfrac"].item() == 1.0
 
 
+def test_mis_mask_keeps_the_tokens_whose_ratio_is_in_the_band_and_is_detached():
+    # ratios exp(old - rollout) = 3, 1.9, 1, 0.6, 0.4, inf, NaN
+    old = leaf([math.log(3.0), math.log(1.9), 0.0, math.log(0.6), math.log(0.4), 0.0, 0.0])
+    rollout = torch.tensor([0.0, 0.0, 0.0, 0.0, 0.0, -200.0, float("nan")])
+    m = mis_mask(old, rollout, low=0.5, high=2.0)
+    assert m.tolist() == [0.0, 1.0, 1.0, 1.0, 0.0, 0.0, 0.0] and not m.requires_grad
+    assert mis_mask(old, rollout, low=0.0, high=1.5).tolist() == [0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+    same = torch.zeros(1)  # ratio exactly 1: the band is closed at both ends
+    assert mis_mask(same, same, low=1.0, high=2.0).tolist() == mis_mask(same, same, low=0.5, high=1.0).tolist() == [1.0]
+
+
+def test_compute_loss_with_mis_masks_out_of_band_tokens_and_weights_the_rest_by_the_ratio():
+    logp = leaf([-1.0, -1.0, -1.0, -1.0])
+    # on-policy (old = logp = -1): ratios exp(-1 - rollout) = 3, 1.5, 0.8, 0.25
+    ratios = [3.0, 1.5, 0.8, 0.25]
+    rollout = torch.tensor([-1.0 - math.log(r) for r in ratios])
+    weight = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    advantages = torch.tensor([1.0, 2.0, -1.0, 1.0])
+    base = {"log_probs": logp, "loss_mask": torch.tensor([1.0, 1.0, 1.0, 0.0]), "weight": weight,
+            "advantages": advantages, "rollout_log_probs": rollout}
+    loss, metrics = compute_loss(LossConfig(use_mis=True), **base)  # band [0.5, 2]: keeps 1.5 and 0.8
+    # ppo at ratio 1 is -A; masked tokens give 0, kept ones -A * ratio; the 4th is outside loss_mask
+    assert loss.item() == pytest.approx(0.2 * -2.0 * 1.5 + 0.3 * 1.0 * 0.8)
+    assert metrics["mis_maskfrac"].item() == pytest.approx(0.1)  # token 1 (0.25 is masked out by loss_mask)
+    loss.backward()
+    assert logp.grad.tolist() == pytest.approx([0.0, -2.0 * 1.5 * 0.2, 1.0 * 0.8 * 0.3, 0.0])
+
+    # with --use-tis too the kept tokens take the truncated ratio: clip(1.5, 0, 1.2) = 1.2
+    both = LossConfig(use_mis=True, use_tis=True, tis_clip=1.2)
+    loss, metrics = compute_loss(both, **{**base, "log_probs": leaf([-1.0] * 4)})
+    assert loss.item() == pytest.approx(0.2 * -2.0 * 1.2 + 0.3 * 1.0 * 0.8)
+    assert metrics["tis"].item() == pytest.approx(0.1 * 1.2 + 0.2 * 1.2 + 0.3 * 0.8)
+    assert metrics["mis_maskfrac"].item() == pytest.approx(0.1)
+
+    # a wider band keeps token 1 with its full ratio 3
+    wide = LossConfig(use_mis=True, mis_low=0.1, mis_high=4.0)
+    loss, metrics = compute_loss(wide, **{**base, "log_probs": leaf([-1.0] * 4)})
+    assert loss.item() == pytest.approx(0.1 * -1.0 * 3.0 + 0.2 * -2.0 * 1.5 + 0.3 * 1.0 * 0.8)
+    assert metrics["mis_maskfrac"].item() == 0.0
+
+
 def test_on_policy_loss_is_minus_weighted_advantage_and_respects_the_mask():
     logp = leaf([-1.0, -2.0, -3.0])
     loss, metrics = compute_loss(LossConfig(), log_probs=logp, loss_mask=torch.tensor([1.0, 0.0, 1.0]),
@@ -212,6 +254,11 @@ def test_missing_inputs_and_bad_flags_name_what_to_pass():
     base = dict(log_probs=torch.zeros(1), loss_mask=torch.ones(1), weight=torch.ones(1), advantages=torch.ones(1))
     with pytest.raises(ConfigError, match="rollout_log_probs"):
         compute_loss(LossConfig(use_tis=True), **base)
+    with pytest.raises(ConfigError, match="--use-mis needs rollout_log_probs"):
+        compute_loss(LossConfig(use_mis=True), **base)
+    for low, high in ((-0.1, 2.0), (2.0, 2.0), (3.0, 2.0)):
+        with pytest.raises(ConfigError, match=rf"--mis-low {low} / --mis-high {high}: need 0 <= low < high"):
+            LossConfig(use_mis=True, mis_low=low, mis_high=high)
     with pytest.raises(ConfigError, match="ref_log_probs"):
         compute_loss(LossConfig(use_kl_loss=True), **base)
     with pytest.raises(ConfigError, match="sample_index"):
@@ -221,6 +268,7 @@ def test_missing_inputs_and_bad_flags_name_what_to_pass():
 
 
 def test_loss_config_from_args_takes_the_flags_it_knows():
-    args = argparse.Namespace(eps_clip=0.1, eps_clip_high=0.3, use_tis=True, lr=1e-6)
+    args = argparse.Namespace(eps_clip=0.1, eps_clip_high=0.3, use_tis=True, use_mis=True, mis_high=3.0, lr=1e-6)
     config = LossConfig.from_args(args)
     assert (config.eps_clip, config.eps_clip_high, config.use_tis, config.tis_clip) == (0.1, 0.3, True, 2.0)
+    assert (config.use_mis, config.mis_low, config.mis_high) == (True, 0.5, 3.0)

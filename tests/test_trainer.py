@@ -99,3 +99,17 @@ def test_an_incomplete_latest_checkpoint_is_refused_with_a_clear_message(tmp_pat
 
     with pytest.raises(ConfigError, match="incomplete"):
         latest_checkpoint(tmp_path)
+
+
+def test_on_cpu_a_step_packs_rows_of_1024_tokens_by_default_and_the_budget_does_not_change_the_update(
+        tiny_model_dir, tmp_path):
+    """Issue #10: one long packed row costs the square of its length on CPU; shorter rows are
+    cheaper and, being the same samples, give the same loss and gradients."""
+    default = Trainer(make_args(tmp_path, tiny_model_dir))
+    one_row = Trainer(make_args(tmp_path, tiny_model_dir, ["--max-tokens-per-gpu", "8192"]))
+    assert (default.budget, one_row.budget) == (1024, 8192)
+    batch = synthetic_batch(0, groups=16, n=8)
+    assert sum(len(s.tokens) for s in batch) > 1024  # more than one row at the default
+    a, b = default.train_step(batch).metrics, one_row.train_step(synthetic_batch(0, groups=16, n=8)).metrics
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)

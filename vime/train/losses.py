@@ -1,5 +1,5 @@
 """Per-token losses of the trainer: PPO-clip (with clip-higher and GSPO's sequence ratio), KL to
-the reference, entropy bonus, truncated importance sampling (TIS) and SFT.
+the reference, entropy bonus, truncated and masked importance sampling (TIS, MIS) and SFT.
 
 Every tensor here is flat and 1-D over the response tokens of a packed micro-batch
 (`batching.PackedBatch`), aligned with `loss_mask` and a per-token `weight`. The loss of a
@@ -42,6 +42,9 @@ class LossConfig:
     use_tis: bool = False
     tis_clip: float = 2.0
     tis_clip_low: float = 0.0
+    use_mis: bool = False
+    mis_low: float = 0.5
+    mis_high: float = 2.0
 
     def __post_init__(self) -> None:
         if self.loss_type not in LOSS_TYPES:
@@ -55,6 +58,11 @@ class LossConfig:
         if self.tis_clip <= 0 or not 0 <= self.tis_clip_low <= self.tis_clip:
             raise ConfigError(
                 f"--tis-clip-low {self.tis_clip_low} / --tis-clip {self.tis_clip}: need 0 <= low <= high and high > 0"
+            )
+        if not 0 <= self.mis_low < self.mis_high:
+            raise ConfigError(
+                f"--mis-low {self.mis_low} / --mis-high {self.mis_high}: need 0 <= low < high (tokens whose "
+                "rollout ratio leaves [low, high] are masked)"
             )
 
     @classmethod
@@ -229,6 +237,22 @@ def tis_weights(
     return ratio.clamp(min=tis_clip_low, max=tis_clip).detach()
 
 
+def mis_mask(
+    old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, low: float = 0.5, high: float = 2.0
+) -> torch.Tensor:
+    """Masked importance sampling: 1.0 where pi_trainer / pi_vllm lies in [low, high], else 0.0; detached.
+
+    Where TIS bounds a far-off token's weight, MIS drops the token from the policy loss: a ratio
+    far from 1 means the stored rollout logprob no longer describes the trainer's policy (a
+    sampler/trainer mismatch, or a partial rollout whose earlier tokens came from older
+    weights), and such a token's gradient is mostly noise. A NaN or infinite ratio is masked.
+    TIS and MIS together are what slime calls rollout correction (verl: rollout importance
+    sampling); both read the logprobs stored with the rollout, never a recomputation.
+    """
+    ratio = torch.exp(old_log_probs.detach().float() - rollout_log_probs.float())
+    return ((ratio >= low) & (ratio <= high)).float().detach()
+
+
 def sft_loss(log_probs: torch.Tensor) -> torch.Tensor:
     """Per-token negative log-likelihood."""
     return -log_probs.float()
@@ -256,12 +280,16 @@ def compute_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The micro-batch loss `sum(weight * per_token_loss * loss_mask)` and its metrics.
 
-    Policy loss per token: ppo_clip(ratio) * tis + kl_loss_coef * kl(logp, ref) - entropy_coef * H.
+    Policy loss per token: ppo_clip(ratio) * is_weight + kl_loss_coef * kl(logp, ref) - entropy_coef * H.
     - `old_log_probs`: the trainer's log-probs before this update; `None` means on-policy (the
       step's first update): `log_probs.detach()`, ratio 1.
     - `advantage_estimator == "gspo"` uses the sequence ratio and needs `sample_index`.
-    - `use_tis` needs `rollout_log_probs`; `use_kl_loss` needs `ref_log_probs`; `entropy_coef`
-      needs `entropy` (from `entropy_from_logits`, with its gradient).
+    - `is_weight` corrects for the rollout policy (vLLM, or older weights for the tokens of a
+      partial rollout) not being the trainer's: with `use_tis` the truncated ratio
+      `tis_weights`; with `use_mis` the tokens `mis_mask` rejects get 0 and the others the
+      ratio itself (truncated too when `use_tis` is also on); else 1. Both need
+      `rollout_log_probs`. `use_kl_loss` needs `ref_log_probs`; `entropy_coef` needs
+      `entropy` (from `entropy_from_logits`, with its gradient).
 
     Metrics are detached weighted sums (same weights as the loss): summed over micro-batches and
     ranks they give the step's mean over rollouts.
@@ -288,14 +316,21 @@ def compute_loss(
     )
     metrics["pg_clipfrac"] = _wsum(clip_flag, wm).detach()
     metrics["ppo_kl"] = _wsum(old.float() - log_probs.detach().float(), wm)
+    for flag, on in (("--use-tis", config.use_tis), ("--use-mis", config.use_mis)):
+        if on and rollout_log_probs is None:
+            raise ConfigError(f"compute_loss: {flag} needs rollout_log_probs (vLLM's logprobs)")
     if config.use_tis:
-        if rollout_log_probs is None:
-            raise ConfigError("compute_loss: --use-tis needs rollout_log_probs (vLLM's logprobs)")
         tis = tis_weights(old, rollout_log_probs, config.tis_clip, config.tis_clip_low)
-        pg = pg * tis
         metrics["tis"] = _wsum(tis, wm)
         clipped = (tis >= config.tis_clip) | ((tis <= config.tis_clip_low) & (config.tis_clip_low > 0))
         metrics["tis_clipfrac"] = _wsum(clipped.float(), wm)
+    if config.use_mis:
+        keep = mis_mask(old, rollout_log_probs, config.mis_low, config.mis_high)
+        ratio = tis if config.use_tis else torch.exp(old.detach().float() - rollout_log_probs.float())
+        pg = pg * torch.where(keep > 0, ratio, torch.zeros_like(ratio))  # inf outside the band: 0, not NaN
+        metrics["mis_maskfrac"] = _wsum(1.0 - keep, wm)
+    elif config.use_tis:
+        pg = pg * tis
     per_token = pg
     metrics["pg_loss"] = _wsum(pg.detach(), wm)
     if config.use_kl_loss:

@@ -48,7 +48,7 @@ log = get_logger(__name__)
 DEFAULT_GLOBAL_BATCH_SIZE = 32
 """Rollouts per step when `--global-batch-size` is unset (fewer when the data has fewer)."""
 
-IGNORED_FLAGS = ("use_kl_loss", "kl_coef", "kl_loss_coef", "entropy_coef", "use_tis")
+IGNORED_FLAGS = ("use_kl_loss", "kl_coef", "kl_loss_coef", "entropy_coef", "use_tis", "use_mis")
 
 
 @dataclass
@@ -154,7 +154,7 @@ def _trainer_args(args: Any, total_steps: int) -> Any:
     `train_step` call (the caller makes the batches), and a schedule `total_steps` long."""
     t = copy.copy(args)
     t.loss_type = "sft_loss"
-    t.use_kl_loss, t.kl_coef, t.kl_loss_coef, t.entropy_coef, t.use_tis = False, 0.0, 0.0, 0.0, False
+    t.use_kl_loss, t.kl_coef, t.kl_loss_coef, t.entropy_coef, t.use_tis, t.use_mis = False, 0.0, 0.0, 0.0, False, False
     t.rollout_temperature = 1.0
     t.global_batch_size = None
     t.rollout_batch_size = None
