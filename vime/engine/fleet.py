@@ -34,6 +34,7 @@ log = get_logger(__name__)
 
 MAX_DEATHS = 3
 DEATH_WINDOW_S = 600.0
+START_TIMEOUT_S = 300.0  # what VLLMServer waits by default; under load start-up takes ~2 min
 RESTART_TIMEOUT_S = 600.0
 
 
@@ -49,8 +50,9 @@ class _Slot:
 
 
 class EngineFleet:
-    """`with EngineFleet(...) as fleet:` starts the servers (and a router for several);
-    `await fleet.check()` restarts the dead ones and returns what to tell the user."""
+    """`with EngineFleet(...) as fleet:` starts the servers (and a router for several) and waits
+    for them (or `start()`, then `wait_ready()`); `await fleet.check()` restarts the dead ones and
+    returns what to tell the user."""
 
     def __init__(self, servers: list[VLLMServer], *, run_dir: str | Path, router=None) -> None:
         self.slots = [_Slot(i, s) for i, s in enumerate(servers)]
@@ -68,15 +70,32 @@ class EngineFleet:
         return self.router.url if self.router is not None else self.slots[0].server.url
 
     def __enter__(self) -> EngineFleet:
+        self.start()
+        self.wait_ready()
+        return self
+
+    def start(self) -> EngineFleet:
+        """Spawn every server and return at once: the launcher starts its workers meanwhile (their
+        start-up and vLLM's overlap), then calls `wait_ready`."""
+        try:
+            for slot in self.slots:
+                slot.server.start()
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def wait_ready(self) -> None:
+        """Block until every server answers `/health` (a `ServiceError` with its log tail if one
+        does not), then start the router."""
         try:
             with ThreadPoolExecutor(len(self.slots)) as pool:
-                list(pool.map(lambda slot: slot.server.__enter__(), self.slots))
+                list(pool.map(lambda slot: slot.server.wait_healthy(START_TIMEOUT_S), self.slots))
             if self.router is not None:
                 self.router.__enter__()
         except BaseException:
             self.__exit__()
             raise
-        return self
 
     def __exit__(self, *exc: object) -> None:
         for slot in self.slots:

@@ -278,7 +278,10 @@ class VLLMServer:
         assert self.process is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            rc = self.process.poll()
+            process = self.process
+            if process is None:  # stopped from another thread (Ctrl-C during start-up)
+                raise ServiceError(f"vLLM server at {self.url} was stopped during start-up")
+            rc = process.poll()
             if rc is not None:
                 raise ServiceError(
                     f"vLLM server for {self.model!r} exited with code {rc} during start-up; "

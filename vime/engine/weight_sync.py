@@ -288,8 +288,16 @@ class WeightSync:
 
     async def _push_one(self, url: str, path: Path, num_tensors: int, version: int) -> None:
         """A failure of `/start_weight_update` touched nothing (the server is resumed); after it,
-        the model is mid-update and a forward pass would kill the engine (the server stays paused)."""
-        await self._post(url, "/start_weight_update")
+        the model is mid-update and a forward pass would kill the engine (the server stays paused).
+
+        An update already active is one a pusher started and never finished (a trainer killed
+        mid-sync): this push loads a complete set of weights, so it takes that update over."""
+        try:
+            await self._post(url, "/start_weight_update")
+        except ServiceError as e:
+            if "already active" not in str(e):
+                raise
+            log.warning("weight_sync.takes_over_unfinished_update", url=url, weight_version=version)
         steps = (("/update_weights", {"update_info": {"path": str(path), "num_tensors": num_tensors}}),
                  ("/finish_weight_update", {"weight_version": str(version)}))
         for route, payload in steps:
