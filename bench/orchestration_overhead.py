@@ -1,11 +1,18 @@
 """What durable orchestration costs: the same rollouts through RolloutWorkflows vs a plain
 `asyncio.gather` of `generate()` on the same vLLM server, side by side in one process.
 
-    python bench/orchestration_overhead.py [--groups 16] [--n 8] [--max-tokens 16] [--repeats 3]
+    python bench/orchestration_overhead.py [--shape quickstart|slow] [--temporal file|memory]
+                                           [--groups G] [--n N] [--max-tokens T] [--latency S] [--repeats 3]
 
-Both paths run the same prompts, the same default generate and the same reward; the Temporal
-path adds a workflow per prompt group, an activity, the store write and the refs coming back.
-Prints rollouts/s for each, their ratio, and the milliseconds added per rollout.
+Both paths run the same prompts, the same generate and the same reward; the Temporal path adds a
+workflow per prompt group, an activity, the store write and the refs coming back. Prints
+rollouts/s for each, their ratio, and the milliseconds added per rollout.
+
+Shapes: `quickstart` is one quickstart step (8 groups x 8 samples x 16 tokens); `slow` gives
+every rollout a declared latency of 1 s before it generates (as a tool call or an environment
+would), 16 groups x 8 samples: there the orchestration's cost should vanish in the rollout's.
+`--temporal file` (the default) is the dev server on a SQLite file, as `vime train` runs it;
+`memory` is the in-memory dev server.
 
 A throughput of failed rollouts measures nothing: if any rollout fails (a FAILED sample, an
 error in its metadata, a failed workflow, an engine that stops answering) the script prints
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import statistics
@@ -41,13 +49,24 @@ from vime.rollout.data_source import RolloutDataSource  # noqa: E402
 from vime.rollout.generate import close_engine_clients  # noqa: E402
 from vime.rollout.group import run_group  # noqa: E402
 from vime.store import SampleStore  # noqa: E402
-from vime.temporal.dev_server import temporal_cli_path  # noqa: E402
+from vime.temporal.client import connect  # noqa: E402
+from vime.temporal.dev_server import TemporalDevServer, temporal_cli_path  # noqa: E402
 from vime.temporal.search_attributes import ALL_KEYS  # noqa: E402
 from vime.testing.tiny_model import tiny_model_dir  # noqa: E402
 from vime.types import Sample  # noqa: E402
 from workflows.rollout import RolloutInput, RolloutOutput, RolloutWorkflow  # noqa: E402
 
 FINISHED = (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
+SHAPES = {"quickstart": {"groups": 8, "n": 8, "max_tokens": 16, "latency": 0.0},
+          "slow": {"groups": 16, "n": 8, "max_tokens": 16, "latency": 1.0}}
+LATENCY_HOOK = """
+import asyncio
+from vime.rollout.generate import generate as vllm_generate
+
+async def generate(args, sample, sampling_params):
+    await asyncio.sleep({latency})  # the declared latency of the environment
+    return await vllm_generate(args, sample, sampling_params)
+"""
 HEALTH_FAILURES = 3  # consecutive /health failures that mean the engine is gone
 
 
@@ -58,6 +77,7 @@ class Failures:
     failed: int = 0
     total: int = 0
     first: str | None = None
+    name: str = "orchestration_overhead"  # the benchmark the line is printed by
 
     def add(self, failed: int, total: int, error: str | None) -> None:
         self.failed += failed
@@ -66,7 +86,7 @@ class Failures:
             self.first = " ".join(str(error).split())[:400]
 
     def line(self) -> str:
-        return (f"orchestration_overhead: FAILED: {self.failed} of {self.total} rollouts failed; first error: "
+        return (f"{self.name}: FAILED: {self.failed} of {self.total} rollouts failed; first error: "
                 f"{self.first}; no figures printed")
 
 
@@ -135,7 +155,12 @@ def vime_args(work: Path, model: str, url: str, cli: argparse.Namespace):
     prompts = work / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Write item {i}."}) + "\n" for i in range(256)))
     host, port = url.removeprefix("http://").rsplit(":", 1)
-    return parse_args(["--hf-checkpoint", model, "--prompt-data", str(prompts), "--input-key", "prompt",
+    hook = []
+    if cli.latency:
+        (work / "latency_hook.py").write_text(LATENCY_HOOK.format(latency=cli.latency))
+        sys.path.insert(0, str(work))
+        hook = ["--custom-generate-function-path", "latency_hook.generate"]
+    return parse_args([*hook, "--hf-checkpoint", model, "--prompt-data", str(prompts), "--input-key", "prompt",
                        "--apply-chat-template", "--n-samples-per-prompt", str(cli.n), "--rm-type", "random",
                        "--rollout-max-response-len", str(cli.max_tokens), "--run-dir", str(work / "run"),
                        "--vllm-router-ip", host, "--vllm-router-port", port])
@@ -150,53 +175,75 @@ async def direct(args, positions: list[int], failures: Failures) -> float:
     return elapsed
 
 
-async def through_workflows(client, args, positions: list[int], queue: str, run_id: str, failures: Failures) -> float:
+async def through_workflows(client, args, positions: list[int], queue: str, run_id: str, failures: Failures,
+                            local: bool) -> float:
     t0 = time.perf_counter()
     outputs = await asyncio.gather(*(client.execute_workflow(
-        RolloutWorkflow.run, RolloutInput(run_id, 0, p, 0), id=f"{run_id}-rollout-{p}", task_queue=queue,
-        result_type=RolloutOutput) for p in positions))
+        RolloutWorkflow.run, RolloutInput(run_id, 0, p, 0, local_activity=local), id=f"{run_id}-rollout-{p}",
+        task_queue=queue, result_type=RolloutOutput) for p in positions))
     elapsed = time.perf_counter() - t0
     count_workflow_failures(failures, outputs, args.n_samples_per_prompt)
     return elapsed
 
 
-async def measure(cli: argparse.Namespace, env, args, store, url: str, log_path: Path | None,
+@contextlib.asynccontextmanager
+async def temporal(cli: argparse.Namespace, work: Path):
+    """A Temporal client: on the dev server with a SQLite file (as `vime train`), or in memory."""
+    if cli.temporal == "memory":
+        async with await WorkflowEnvironment.start_local(dev_server_existing_path=str(temporal_cli_path()),
+                                                         search_attributes=ALL_KEYS) as env:
+            yield env.client
+        return
+    server = TemporalDevServer(work / "temporal", headless=True).start()
+    try:
+        yield await connect(server.address)
+    finally:
+        server.stop()
+
+
+PATHS = ("direct", "activity", "local")
+LABELS = {"direct": "direct asyncio.gather", "activity": "RolloutWorkflows, activity",
+          "local": "RolloutWorkflows, local activity (vime train)"}
+
+
+async def measure(cli: argparse.Namespace, client, args, store, url: str, log_path: Path | None,
                   failures: Failures) -> dict[str, list[float]]:
-    """Warm up, then `--repeats` rounds of both paths; stops at the first round with a failure."""
+    """Warm up, then `--repeats` rounds of every path; stops at the first round with a failure."""
     queue = "bench-rollout"
     acts = RolloutActivities(args, store)
-    times: dict[str, list[float]] = {"direct": [], "temporal": []}
-    async with Worker(env.client, task_queue=queue, workflows=[RolloutWorkflow],
+    times: dict[str, list[float]] = {name: [] for name in PATHS}
+    async with Worker(client, task_queue=queue, workflows=[RolloutWorkflow],
                       activities=[acts.generate_group], max_concurrent_activities=256):
         await direct(args, list(range(cli.groups)), failures)  # warm-up: tokenizer, prefix cache, connections
         base = cli.groups
         for r in range(cli.repeats):
-            if failures.failed:
-                break
-            positions = list(range(base, base + cli.groups))
-            base += cli.groups
-            run_id = f"bench-{uuid.uuid4().hex[:8]}"
-            store.ensure_run(run_id)
-            paths = {
-                "direct": lambda: direct(args, positions, failures),
-                "temporal": lambda: through_workflows(env.client, args, positions, queue, run_id, failures),
-            }
-            # alternate the order so drift on a noisy machine hits both alike
-            for name in (("direct", "temporal") if r % 2 == 0 else ("temporal", "direct")):
-                times[name].append(await unless_engine_dies(paths[name](), url, log_path))
+            # rotate the order so drift on a noisy machine hits every path alike
+            for name in PATHS[r % 3:] + PATHS[:r % 3]:
+                if failures.failed:
+                    return times
+                positions = list(range(base, base + cli.groups))  # fresh prompts: no prefix-cache head start
+                base += cli.groups
+                run_id = f"bench-{uuid.uuid4().hex[:8]}"
+                store.ensure_run(run_id)
+                work = (direct(args, positions, failures) if name == "direct" else
+                        through_workflows(client, args, positions, queue, run_id, failures, name == "local"))
+                times[name].append(await unless_engine_dies(work, url, log_path))
     return times
 
 
 def report(cli: argparse.Namespace, times: dict[str, list[float]]) -> None:
     rollouts = cli.groups * cli.n
-    d, t = statistics.median(times["direct"]), statistics.median(times["temporal"])
-    print(f"orchestration_overhead: {cli.groups} groups x {cli.n} samples x {cli.max_tokens} tokens, "
+    med = {name: statistics.median(times[name]) for name in PATHS}
+    d = med["direct"]
+    print(f"orchestration_overhead: {cli.shape} shape, {cli.groups} groups x {cli.n} samples x {cli.max_tokens} "
+          f"tokens, {cli.latency:g} s declared latency per rollout, Temporal dev server {cli.temporal}, "
           f"median of {cli.repeats}")
-    print(f"  direct asyncio.gather : {rollouts / d:8.1f} rollouts/s ({d:.2f} s)")
-    print(f"  RolloutWorkflows      : {rollouts / t:8.1f} rollouts/s ({t:.2f} s)")
-    print(f"  throughput ratio (workflows / direct): {d / t:.3f}")
-    print(f"  added per rollout: {(t - d) / rollouts * 1000:.2f} ms; "
-          f"per group workflow: {(t - d) / cli.groups * 1000:.1f} ms")
+    for name in PATHS:
+        print(f"  {LABELS[name]:<46}: {rollouts / med[name]:8.1f} rollouts/s ({med[name]:.2f} s)")
+    for name in PATHS[1:]:
+        t = med[name]
+        print(f"  {name:>8}: throughput ratio (workflows / direct): {d / t:.3f}; added per rollout "
+              f"{(t - d) / rollouts * 1000:.2f} ms, per group workflow {(t - d) / cli.groups * 1000:.1f} ms")
 
 
 async def main(cli: argparse.Namespace) -> int:
@@ -211,11 +258,9 @@ async def main(cli: argparse.Namespace) -> int:
     failures = Failures()
     try:
         args = vime_args(work, model, url, cli)
-        env = await WorkflowEnvironment.start_local(dev_server_existing_path=str(temporal_cli_path()),
-                                                    search_attributes=ALL_KEYS)
-        async with env:
+        async with temporal(cli, work) as client:
             try:
-                times = await measure(cli, env, args, SampleStore.open(args.run_dir), url,
+                times = await measure(cli, client, args, SampleStore.open(args.run_dir), url,
                                       server.log_path if server else None, failures)
             except Exception as e:  # noqa: BLE001 - a batch that raised is a failed batch, reported below
                 failures.add(cli.groups * cli.n, cli.groups * cli.n, f"{type(e).__name__}: {e}")
@@ -232,9 +277,16 @@ async def main(cli: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--groups", type=int, default=16)
-    p.add_argument("--n", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--shape", choices=sorted(SHAPES), default="quickstart")
+    p.add_argument("--temporal", choices=("file", "memory"), default="file")
+    p.add_argument("--groups", type=int, default=None, help="prompt groups per round (default: the shape's)")
+    p.add_argument("--n", type=int, default=None, help="samples per group (default: the shape's)")
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens per sample (default: the shape's)")
+    p.add_argument("--latency", type=float, default=None, help="declared seconds per rollout (default: the shape's)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--vllm-url", default=None, help="use a running server instead of starting one")
-    sys.exit(asyncio.run(main(p.parse_args())))
+    cli = p.parse_args()
+    for key, value in SHAPES[cli.shape].items():
+        if getattr(cli, key) is None:
+            setattr(cli, key, value)
+    sys.exit(asyncio.run(main(cli)))

@@ -30,4 +30,25 @@ def test_the_orchestration_benchmark_prints_its_ratio_on_a_working_engine(traini
     result = subprocess.run([*BENCH, "--vllm-url", training_server.url], capture_output=True, text=True, cwd=REPO,
                             timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
-    assert "throughput ratio (workflows / direct):" in result.stdout
+    ratios = [line.split()[0] for line in result.stdout.splitlines() if "throughput ratio (workflows / direct):" in line]
+    assert ratios == ["activity:", "local:"], result.stdout
+
+
+def test_the_concurrency_benchmark_prints_no_figures_when_rollouts_failed():
+    dead = f"http://127.0.0.1:{free_port()}"
+    result = subprocess.run([sys.executable, "bench/concurrency.py", "--rollouts", "8", "--turns", "1", "--delay", "0",
+                             "--vllm-url", dead], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+    assert "wall time" not in result.stdout
+    failure = [line for line in result.stderr.splitlines() if line.startswith("concurrency: FAILED")]
+    assert failure and "rollouts failed" in failure[0], result.stderr[-2000:]
+
+
+@pytest.mark.vllm
+def test_the_concurrency_benchmark_keeps_every_session_in_flight_and_stores_every_sample(training_server):
+    result = subprocess.run([sys.executable, "bench/concurrency.py", "--rollouts", "16", "--turns", "2", "--delay",
+                             "1", "--vllm-url", training_server.url], capture_output=True, text=True, cwd=REPO,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert "peak sessions in flight: workflows 16, direct 16 (of 16)" in result.stdout, result.stdout
+    assert "failed rollouts 0, lost 0" in result.stdout
