@@ -224,7 +224,8 @@ async def test_nothing_left_after_exception(repo: Path) -> None:
         await task
 
 
-async def test_nothing_left_after_cancel(repo: Path) -> None:
+def _sleep_in_a_sandbox(repo: Path) -> tuple[asyncio.Task, str, list[Path]]:
+    """A rollout whose sandbox runs a 300 s command tagged with a marker: (task, marker, [root])."""
     marker = f"vime-marker-{uuid.uuid4().hex}"
     roots: list[Path] = []
 
@@ -233,12 +234,31 @@ async def test_nothing_left_after_cancel(repo: Path) -> None:
             roots.append(sb.root)
             await sb.exec(f"python3 -c 'import time; time.sleep(300)' {marker}")
 
-    task = asyncio.create_task(rollout())
+    return asyncio.create_task(rollout()), marker, roots
+
+
+async def test_nothing_left_after_cancel(repo: Path) -> None:
+    task, marker, roots = _sleep_in_a_sandbox(repo)
     await _wait_for_process(marker)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     await _assert_gone(roots[0], marker)
+
+
+async def test_a_cancel_the_instant_bwrap_starts_returns_at_once_and_leaves_nothing(repo: Path) -> None:
+    """Cancelled while bwrap was still being spawned, asyncio killed bwrap alone and then waited
+    for its pipes, held by the sandboxed command: the cancel took as long as the command (300 s
+    in a CI run). Every instant of the start-up is hit: right at the spawn and a little later."""
+    for delay in (0, 0, 0, 0.001, 0.003, 0.01):
+        task, marker, roots = _sleep_in_a_sandbox(repo)
+        while not _processes_mentioning(marker):  # bwrap's own argv holds the marker
+            await asyncio.sleep(0.0005)
+        await asyncio.sleep(delay)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(task), 10)
+        await _assert_gone(roots[0], marker)
 
 
 async def _wait_for_process(marker: str) -> None:

@@ -62,6 +62,25 @@ def random_sample(seed: int, *, length: int = 64, prompt_length: int = 16, rollo
     )
 
 
+RACE_START = """
+import pathlib, sys, time
+run_dir, me = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+(run_dir.parent / f"ready-{me}").touch()
+while not (run_dir.parent / "go").exists():
+    time.sleep(0.001)
+"""
+
+
+def race(body: str, run_dir: Path, count: int) -> list[str]:
+    """Run `body` in `count` processes released at the same moment (each has `run_dir` and its
+    number `me`); returns their outputs in order."""
+    procs = [run_python(RACE_START + textwrap.dedent(body), str(run_dir), str(me)) for me in range(count)]
+    while not all((run_dir.parent / f"ready-{me}").exists() for me in range(count)):
+        time.sleep(0.01)
+    (run_dir.parent / "go").touch()
+    return [finish(p) for p in procs]
+
+
 def run_python(code: str, *args: str, **popen) -> subprocess.Popen:
     """Start `python -c code args...` in another process, with this checkout importable."""
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
@@ -402,26 +421,17 @@ def test_the_store_imports_no_torch_or_numpy() -> None:
 def test_processes_writing_the_same_rollout_at_once_store_it_once(tmp_path: Path) -> None:
     """Four workers open a fresh store (migrating it) and write one rollout, all at the same moment."""
     writers = 4
-    child = """
-        import json, pathlib, sys, time
+    run_dir = tmp_path / "run"
+    answers = [json.loads(out) for out in race("""
+        import json
         from vime.store import SampleStore
         from vime.types import Sample
-        run_dir, me = pathlib.Path(sys.argv[1]), int(sys.argv[2])
-        (run_dir.parent / f"ready-{me}").touch()
-        while not (run_dir.parent / "go").exists():
-            time.sleep(0.001)
         with SampleStore.open(run_dir) as store:
             store.ensure_run("run-0")
             samples = [Sample(tokens=[me, i], response_length=1, reward=float(me)) for i in range(3)]
             refs = store.write_rollout("run-0", "contested", samples)
         print(json.dumps([[r.key, r.reward] for r in refs]))
-    """
-    run_dir = tmp_path / "run"
-    procs = [run_python(child, str(run_dir), str(me)) for me in range(writers)]
-    while not all((tmp_path / f"ready-{me}").exists() for me in range(writers)):
-        time.sleep(0.01)
-    (tmp_path / "go").touch()
-    answers = [json.loads(finish(p)) for p in procs]
+    """, run_dir, writers)]
 
     assert all(answer == answers[0] for answer in answers), "every writer gets the refs of what is stored"
     winner = answers[0][0][1]

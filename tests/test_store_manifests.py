@@ -6,7 +6,6 @@ Real SQLite files in temporary run directories; other processes are real process
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +13,7 @@ import pytest
 from alembic import command
 from sqlalchemy.engine import URL
 
-from tests.test_store import RUN, finish, random_sample, run_python
+from tests.test_store import RUN, race, random_sample
 from vime.errors import ConfigError
 from vime.store import (
     AlreadyTrainedError,
@@ -137,22 +136,13 @@ def test_processes_recording_different_content_for_one_step_at_once_all_get_the_
     with SampleStore.open(tmp_path / "run") as store:
         store.ensure_run(RUN)
         store.write_rollouts(RUN, {f"r{me}": [random_sample(me)] for me in range(writers)})
-    child = """
-        import json, pathlib, sys, time
+    answers = [json.loads(out) for out in race("""
+        import json
         from vime.store import SampleStore
-        run_dir, me = pathlib.Path(sys.argv[1]), int(sys.argv[2])
-        (run_dir.parent / f"ready-{me}").touch()
-        while not (run_dir.parent / "go").exists():
-            time.sleep(0.001)
         with SampleStore.open(run_dir) as store:
             manifest = store.write_step_manifest("run-0", 0, [f"r{me}"], weight_version=me, meta={"writer": me})
         print(json.dumps([manifest.rollout_ids, manifest.weight_version, manifest.meta]))
-    """
-    procs = [run_python(child, str(tmp_path / "run"), str(me)) for me in range(writers)]
-    while not all((tmp_path / f"ready-{me}").exists() for me in range(writers)):
-        time.sleep(0.01)
-    (tmp_path / "go").touch()
-    answers = [json.loads(finish(p)) for p in procs]
+    """, tmp_path / "run", writers)]
 
     assert all(answer == answers[0] for answer in answers)
     ids, version, meta = answers[0]
@@ -191,20 +181,11 @@ def test_processes_opening_a_store_at_the_previous_schema_at_once_upgrade_it_onc
     """Workers restarted with a newer vime open the run's store together; all of them can use it."""
     openers = 4
     _store_at_revision(tmp_path / "run", "0001")
-    child = """
-        import pathlib, sys, time
+    outputs = race("""
         from vime.store import SampleStore
-        run_dir, me = pathlib.Path(sys.argv[1]), int(sys.argv[2])
-        (run_dir.parent / f"ready-{me}").touch()
-        while not (run_dir.parent / "go").exists():
-            time.sleep(0.001)
         with SampleStore.open(run_dir) as store:
             print(store.write_step_manifest("run-0", me, ["old"]).step)
-    """
-    procs = [run_python(child, str(tmp_path / "run"), str(me)) for me in range(openers)]
-    while not all((tmp_path / f"ready-{me}").exists() for me in range(openers)):
-        time.sleep(0.01)
-    (tmp_path / "go").touch()
-    assert sorted(int(finish(p)) for p in procs) == list(range(openers))
+    """, tmp_path / "run", openers)
+    assert sorted(int(out) for out in outputs) == list(range(openers))
     with SampleStore.open(tmp_path / "run") as store:
         assert [store.read_step_manifest(RUN, step).rollout_ids for step in range(openers)] == [["old"]] * openers

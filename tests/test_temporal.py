@@ -84,3 +84,42 @@ async def test_ensure_search_attributes_registers_what_a_server_lacks():
 async def test_an_unreachable_address_fails_with_one_message_naming_it():
     with pytest.raises(ServiceError, match=r"--temporal-address '127.0.0.1:1'.*omit --temporal-address"):
         await connect("127.0.0.1:1")
+
+
+STARTING_SERVER = ('Failed client connect: `get_system_info` call error after connection: Status { code: '
+                   'Unavailable, message: "Frontend is not healthy yet", metadata: MetadataMap { headers: {} } }')
+
+
+async def test_a_server_still_starting_is_waited_for_and_any_other_error_is_reported_at_once(monkeypatch):
+    """A dev server that listens may answer "not healthy yet" for a moment (seen in CI right
+    after its port opened): connect waits that out instead of failing the run."""
+    calls = []
+
+    async def starting_then_up(address, **kwargs):
+        calls.append(address)
+        if len(calls) < 3:
+            raise RuntimeError(STARTING_SERVER)
+        return "client"
+
+    monkeypatch.setattr(Client, "connect", starting_then_up)
+    assert await connect("127.0.0.1:7233") == "client"
+    assert len(calls) == 3
+
+    async def no_namespace(address, **kwargs):
+        calls.append(address)
+        raise RuntimeError("Failed client connect: Namespace nope is not found.")
+
+    calls.clear()
+    monkeypatch.setattr(Client, "connect", no_namespace)
+    with pytest.raises(ServiceError, match="Namespace nope is not found"):
+        await connect("127.0.0.1:7233", "nope")
+    assert len(calls) == 1
+
+
+async def test_a_server_that_never_gets_healthy_fails_within_the_timeout(monkeypatch):
+    async def never_healthy(address, **kwargs):
+        raise RuntimeError(STARTING_SERVER)
+
+    monkeypatch.setattr(Client, "connect", never_healthy)
+    with pytest.raises(ServiceError, match="not healthy yet"):
+        await connect("127.0.0.1:7233", timeout=1.0)

@@ -16,6 +16,7 @@ from pathlib import Path
 from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest, ListSearchAttributesRequest
 from temporalio.client import Client
+from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 
 from vime.errors import ServiceError
 from vime.log import get_logger
@@ -31,19 +32,50 @@ _INDEXED = {
 }
 
 
+# The SDK core warns (TMPRL1104) whenever a workflow task stays open over 5 s. A rollout group
+# runs as a local activity inside its workflow's task, so every group longer than that (any agent
+# rollout) logged one warning every few seconds; that is expected, not a problem: only errors of
+# that component are logged.
+_CORE_LOG_FILTER = (TelemetryFilter(core_level="WARN", other_level="ERROR").formatted()
+                    + ",temporalio_sdk_core::worker::workflow::managed_run=ERROR")
+_runtime: Runtime | None = None
+
+
+def vime_runtime() -> Runtime:
+    """The Temporal runtime every vime client uses (created once per process)."""
+    global _runtime
+    if _runtime is None:
+        _runtime = Runtime(telemetry=TelemetryConfig(logging=LoggingConfig(filter=_CORE_LOG_FILTER)))
+    return _runtime
+
+
+# A server that listens but is still starting answers `Unavailable` ("Frontend is not healthy
+# yet") for a moment: a dev server just started, or a cluster coming back. That is worth waiting
+# out; any other error (a wrong address, a missing namespace) is reported at once.
+_STARTING = ("not healthy yet", "code: Unavailable")
+
+
 async def connect(address: str, namespace: str = "default", *, timeout: float = 10.0,
                   identity: str | None = None) -> Client:
     """Connect, or raise one `ServiceError` naming the address (the SDK would retry for long).
     `identity` names this process in Temporal (its workers' activities carry it)."""
-    kwargs = {"identity": identity} if identity else {}
-    try:
-        return await asyncio.wait_for(Client.connect(address, namespace=namespace, **kwargs), timeout)
-    except (asyncio.TimeoutError, RuntimeError, OSError) as e:
-        detail = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e).splitlines()[0]
-        raise ServiceError(
-            f"cannot connect to Temporal at --temporal-address {address!r} (namespace {namespace!r}): "
-            f"{detail}. Check the address, or omit --temporal-address to start an embedded dev server."
-        ) from e
+    kwargs: dict = {"runtime": vime_runtime()}
+    if identity:
+        kwargs["identity"] = identity
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            return await asyncio.wait_for(Client.connect(address, namespace=namespace, **kwargs), max(0.1, left))
+        except (asyncio.TimeoutError, RuntimeError, OSError) as e:
+            detail = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e).splitlines()[0]
+            if any(s in detail for s in _STARTING) and time.monotonic() + 0.25 < deadline:
+                await asyncio.sleep(0.25)
+                continue
+            raise ServiceError(
+                f"cannot connect to Temporal at --temporal-address {address!r} (namespace {namespace!r}): "
+                f"{detail}. Check the address, or omit --temporal-address to start an embedded dev server."
+            ) from e
 
 
 async def ensure_search_attributes(client: Client, namespace: str) -> None:

@@ -201,17 +201,25 @@ class BwrapSandbox:
         timeout = self.wall_timeout if timeout is None else timeout
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         status_r, status_w = os.pipe()
+        # Spawned as a task and shielded: cancelled mid-spawn, asyncio itself would kill bwrap
+        # alone and then wait for its pipes, which the sandboxed command holds until it ends.
+        spawn = asyncio.ensure_future(asyncio.create_subprocess_exec(
+            *self._bwrap_argv(argv, user, cwd, status_w),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**_BASE_ENV, **self.env, **(env or {})},
+            start_new_session=True,
+            pass_fds=(status_w,),
+            **self._drop_privileges(),
+        ))
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self._bwrap_argv(argv, user, cwd, status_w),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                env={**_BASE_ENV, **self.env, **(env or {})},
-                start_new_session=True,
-                pass_fds=(status_w,),
-                **self._drop_privileges(),
-            )
+            proc = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            with contextlib.suppress(OSError):
+                await _kill(await spawn)
+            os.close(status_r)
+            raise
         except OSError as e:
             os.close(status_r)
             raise SandboxError(f"sandbox {self.sandbox_id}: cannot run bwrap: {e}") from e
@@ -221,12 +229,9 @@ class BwrapSandbox:
         out, err = bytearray(), bytearray()
         try:
             try:
-                await asyncio.wait_for(
-                    asyncio.gather(
-                        self._drain(proc.stdout, out), self._drain(proc.stderr, err), proc.wait()
-                    ),
-                    timeout,
-                )
+                done = asyncio.gather(self._drain(proc.stdout, out), self._drain(proc.stderr, err), proc.wait())
+                done.add_done_callback(_retrieve)  # cancelled by wait_for: nobody else reads it
+                await asyncio.wait_for(done, timeout)
             except asyncio.TimeoutError:
                 await _kill(proc)
                 raise CommandTimeout(cmd, timeout, _text(out), _text(err)) from None
@@ -428,17 +433,46 @@ def _kill_bwraps_over(workdir: Path, grace: float = 5.0) -> None:
 
 def _alive(pid: int) -> bool:
     """Running, not a zombie waiting for its parent to reap it."""
-    with contextlib.suppress(OSError, IndexError):
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
-    return False
+    fields = _stat(pid)
+    return bool(fields) and fields[0] != "Z"
+
+
+def _stat(pid: int | str) -> list[str]:
+    """/proc/PID/stat's fields after the command name (state, ppid, ...); [] if it is gone."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return []
 
 
 async def _kill(proc: asyncio.subprocess.Process) -> None:
-    """SIGKILL the bwrap process group; --die-with-parent and the PID namespace do the rest."""
+    """SIGKILL bwrap and the sandbox's PID-namespace init, whose death kills every command in it.
+
+    `--die-with-parent` alone leaves a window: a bwrap killed right after it forked the init
+    (before the init armed its parent-death signal) left the command running, and since that
+    command holds the output pipes, `proc.wait()` blocked until it ended (1 cancel in 100, 3 ms
+    after the spawn, in a drill of `test_a_cancel_the_instant_bwrap_starts_...`).
+    So bwrap is stopped first (it can fork no more), its children are killed by pid, then it.
+    """
     if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGSTOP)
+        for child in _children(proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     await asyncio.shield(proc.wait())
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    """Mark a future's outcome as seen (asyncio logs an unread exception as an error)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _children(pid: int) -> list[int]:
+    """The pids whose parent is `pid` (the sandbox's init lives in another session)."""
+    return [int(e) for e in filter(str.isdigit, os.listdir("/proc")) if _stat(e)[1:2] == [str(pid)]]
 
 
 def _read_status(fd: int) -> dict:
