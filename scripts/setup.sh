@@ -15,12 +15,19 @@ if [ -n "${1:-}" ]; then extras=$1
 elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then extras=gpu,test
 else extras=cpu,test; fi
 
-if ! command -v bwrap >/dev/null; then  # the local sandbox backend runs agents' commands in bubblewrap
+# System packages the tests drive for real: bubblewrap (the local sandbox backend runs agents'
+# commands in it), PostgreSQL (the store tests run on it as well as on SQLite) and docker-compose
+# (the tests validate docker-compose.yml with `docker-compose config`; no Docker engine needed).
+missing=()
+command -v bwrap >/dev/null || missing+=(bubblewrap)
+ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null || missing+=(postgresql)
+command -v docker-compose >/dev/null || missing+=(docker-compose)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "installing bubblewrap (apt-get)"
-    apt-get update -qq >/dev/null && apt-get install -y -qq bubblewrap >/dev/null
+    say "installing ${missing[*]} (apt-get)"
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    say "warning: bubblewrap (bwrap) is not installed and cannot be installed here; sandbox tests will fail"
+    say "warning: ${missing[*]} not installed and cannot be installed here; the tests that use them will fail"
   fi
 fi
 

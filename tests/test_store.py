@@ -1,6 +1,8 @@
 """The sample store (vime/store): what Temporal activities and the trainer may rely on.
 
-Real SQLite files in temporary run directories; other processes are real processes.
+Each test that is not about SQLite itself runs twice: on a SQLite file in a temporary run
+directory and on a fresh database of a real PostgreSQL server (`store_location`, tests/conftest.py).
+Other processes are real processes.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ RUN = "run-0"
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[SampleStore]:
-    with SampleStore.open(tmp_path) as opened:
+def store(store_location: str) -> Iterator[SampleStore]:
+    with SampleStore.open(store_location) as opened:
         opened.ensure_run(RUN, {"lr": 1e-6})
         yield opened
 
@@ -64,20 +66,21 @@ def random_sample(seed: int, *, length: int = 64, prompt_length: int = 16, rollo
 
 RACE_START = """
 import pathlib, sys, time
-run_dir, me = pathlib.Path(sys.argv[1]), int(sys.argv[2])
-(run_dir.parent / f"ready-{me}").touch()
-while not (run_dir.parent / "go").exists():
+location, me, gate = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3])
+(gate / f"ready-{me}").touch()
+while not (gate / "go").exists():
     time.sleep(0.001)
 """
 
 
-def race(body: str, run_dir: Path, count: int) -> list[str]:
-    """Run `body` in `count` processes released at the same moment (each has `run_dir` and its
-    number `me`); returns their outputs in order."""
-    procs = [run_python(RACE_START + textwrap.dedent(body), str(run_dir), str(me)) for me in range(count)]
-    while not all((run_dir.parent / f"ready-{me}").exists() for me in range(count)):
+def race(body: str, location: str, count: int, gate: Path) -> list[str]:
+    """Run `body` in `count` processes released at the same moment (each has the store
+    `location` and its number `me`; `gate` is a directory for the start signal); returns their
+    outputs in order."""
+    procs = [run_python(RACE_START + textwrap.dedent(body), location, str(me), str(gate)) for me in range(count)]
+    while not all((gate / f"ready-{me}").exists() for me in range(count)):
         time.sleep(0.01)
-    (run_dir.parent / "go").touch()
+    (gate / "go").touch()
     return [finish(p) for p in procs]
 
 
@@ -134,7 +137,7 @@ def random_batch(start: int, count: int, *, length: int, prompt_length: int) -> 
     return rollouts
 
 
-def test_10k_samples_of_4096_tokens_round_trip_exactly_in_seconds(tmp_path: Path) -> None:
+def test_10k_samples_of_4096_tokens_round_trip_exactly_in_seconds(store_location: str) -> None:
     """10,000 samples x 4,096 tokens (4 siblings per rollout) come back field for field.
 
     Written and read in batches of 1,000, as a trainer would; each write is one transaction.
@@ -142,7 +145,7 @@ def test_10k_samples_of_4096_tokens_round_trip_exactly_in_seconds(tmp_path: Path
     """
     total, batch, shape = 10_000, 1_000, {"length": 4_096, "prompt_length": 512}
     write_s = read_s = 0.0
-    with SampleStore.open(tmp_path) as store:
+    with SampleStore.open(store_location) as store:
         store.ensure_run(RUN)
         for start in range(0, total, batch):
             rollouts = random_batch(start, batch, **shape)
@@ -158,9 +161,17 @@ def test_10k_samples_of_4096_tokens_round_trip_exactly_in_seconds(tmp_path: Path
             got = store.read_samples(RUN, keys)
             read_s += time.perf_counter() - began
             assert got == expected
-        size_mib = (tmp_path / "vime.db").stat().st_size / 2**20
-    print(f"\n10,000 x 4,096 tokens: write {write_s:.1f} s, read {read_s:.1f} s, file {size_mib:.0f} MiB")
+        size_mib, backend = _size_mib(store), store.engine.dialect.name
+    print(f"\n10,000 x 4,096 tokens on {backend}: write {write_s:.1f} s, read {read_s:.1f} s, "
+          f"{size_mib:.0f} MiB stored")
     assert write_s < 60 and read_s < 60, "bulk writes and reads must take seconds, not minutes"
+
+
+def _size_mib(store: SampleStore) -> float:
+    if store.engine.dialect.name == "sqlite":
+        return Path(store.engine.url.database).stat().st_size / 2**20
+    with store.engine.connect() as conn:
+        return conn.exec_driver_sql("SELECT pg_database_size(current_database())").scalar() / 2**20
 
 
 def test_every_sample_field_round_trips(store: SampleStore) -> None:
@@ -218,11 +229,12 @@ def test_binary_columns_are_compact(store: SampleStore) -> None:
     """Per-token data is int32 / uint8 / float32 bytes, not JSON: 4 + 1 + 4 bytes a response token."""
     sample = random_sample(0, length=1000, prompt_length=200)
     store.write_rollout(RUN, "r", [sample])
+    kind = "typeof(tokens)" if store.engine.dialect.name == "sqlite" else "pg_typeof(tokens)::text"
     with store.engine.connect() as conn:
         sizes = conn.execute(
-            text("SELECT length(tokens), length(loss_mask), length(rollout_log_probs), typeof(tokens) FROM samples")
+            text(f"SELECT length(tokens), length(loss_mask), length(rollout_log_probs), {kind} FROM samples")
         ).one()
-    assert tuple(sizes) == (4 * 1000, 800, 4 * 800, "blob")
+    assert tuple(sizes) == (4 * 1000, 800, 4 * 800, "blob" if store.engine.dialect.name == "sqlite" else "bytea")
     assert codec.encode_int32([1, 256]) == b"\x01\x00\x00\x00\x00\x01\x00\x00", "little-endian int32"
 
 
@@ -358,8 +370,8 @@ def test_mark_trained_is_idempotent_for_a_step_and_refuses_a_second_step(store: 
 # ---- trajectory turns ------------------------------------------------------------------------
 
 
-def test_turns_append_in_order_and_a_retried_rollout_resumes_after_the_last(tmp_path: Path) -> None:
-    with SampleStore.open(tmp_path) as store:
+def test_turns_append_in_order_and_a_retried_rollout_resumes_after_the_last(store_location: str) -> None:
+    with SampleStore.open(store_location) as store:
         store.ensure_run(RUN)
         assert store.last_turn(RUN, "agent-1") is None, "nothing stored: start at turn 0"
         meta = {"finish_reason": "tool_calls"}
@@ -371,7 +383,7 @@ def test_turns_append_in_order_and_a_retried_rollout_resumes_after_the_last(tmp_
         with pytest.raises(SampleError, match="loss_mask has 1 entries for 2 token ids"):
             store.append_turn(RUN, "agent-1", 2, [6, 7], [1])
 
-    with SampleStore.open(tmp_path) as resumed:  # the retry runs on another worker
+    with SampleStore.open(store_location) as resumed:  # the retry runs on another worker
         resume_at = resumed.last_turn(RUN, "agent-1") + 1
         assert resume_at == 2
         turns = resumed.read_turns(RUN, "agent-1")
@@ -388,7 +400,7 @@ def test_turns_append_in_order_and_a_retried_rollout_resumes_after_the_last(tmp_
 # ---- several processes -----------------------------------------------------------------------
 
 
-def test_a_sample_written_by_one_process_is_read_by_another(tmp_path: Path) -> None:
+def test_a_sample_written_by_one_process_is_read_by_another(store_location: str) -> None:
     writer = run_python(
         """
         import sys
@@ -400,10 +412,10 @@ def test_a_sample_written_by_one_process_is_read_by_another(tmp_path: Path) -> N
                             rollout_log_probs=[-0.5, 0.0], reward=1.0, status=Sample.Status.COMPLETED)
             print(store.write_rollout("run-0", "from-child", [sample])[0].key)
         """,
-        str(tmp_path),
+        store_location,
     )
     key = finish(writer).strip()
-    with SampleStore.open(tmp_path) as store:
+    with SampleStore.open(store_location) as store:
         (sample,) = store.read_samples(RUN, [key])
     assert (sample.tokens, sample.loss_mask, sample.rollout_log_probs, sample.reward) == (
         [10, 11, 12],
@@ -418,24 +430,23 @@ def test_the_store_imports_no_torch_or_numpy() -> None:
     assert out.strip() == "[]"
 
 
-def test_processes_writing_the_same_rollout_at_once_store_it_once(tmp_path: Path) -> None:
+def test_processes_writing_the_same_rollout_at_once_store_it_once(store_location: str, tmp_path: Path) -> None:
     """Four workers open a fresh store (migrating it) and write one rollout, all at the same moment."""
     writers = 4
-    run_dir = tmp_path / "run"
     answers = [json.loads(out) for out in race("""
         import json
         from vime.store import SampleStore
         from vime.types import Sample
-        with SampleStore.open(run_dir) as store:
+        with SampleStore.open(location) as store:
             store.ensure_run("run-0")
             samples = [Sample(tokens=[me, i], response_length=1, reward=float(me)) for i in range(3)]
             refs = store.write_rollout("run-0", "contested", samples)
         print(json.dumps([[r.key, r.reward] for r in refs]))
-    """, run_dir, writers)]
+    """, store_location, writers, tmp_path)]
 
     assert all(answer == answers[0] for answer in answers), "every writer gets the refs of what is stored"
     winner = answers[0][0][1]
-    with SampleStore.open(run_dir) as store:
+    with SampleStore.open(store_location) as store:
         assert store.count_samples(RUN) == 3
         assert [s.tokens for s in store.read_rollout(RUN, "contested")] == [[int(winner), i] for i in range(3)]
 
@@ -450,19 +461,27 @@ def test_the_migrations_build_exactly_the_models(store: SampleStore) -> None:
         assert current_revision(conn) == head_revision()
 
 
-def test_opening_again_is_idempotent_and_keeps_data(tmp_path: Path) -> None:
-    with SampleStore.open(tmp_path) as store:
+def test_opening_again_is_idempotent_and_keeps_data(store_location: str) -> None:
+    with SampleStore.open(store_location) as store:
         store.ensure_run(RUN)
         store.write_rollout(RUN, "r", [random_sample(1)])
-    with SampleStore.open(tmp_path) as store, SampleStore.open(f"sqlite:///{tmp_path}/vime.db") as same:
+    with SampleStore.open(store_location) as store, SampleStore.open(store_location) as same:
         assert store.count_samples(RUN) == same.count_samples(RUN) == 1
 
 
-def test_a_store_from_a_newer_schema_is_refused_not_changed(tmp_path: Path) -> None:
-    with SampleStore.open(tmp_path) as store, store.engine.begin() as conn:
+def test_a_run_directory_and_its_sqlite_url_are_one_store(tmp_path: Path) -> None:
+    with SampleStore.open(tmp_path) as store:
+        store.ensure_run(RUN)
+        store.write_rollout(RUN, "r", [random_sample(1)])
+    with SampleStore.open(f"sqlite:///{tmp_path}/vime.db") as same:
+        assert same.count_samples(RUN) == 1
+
+
+def test_a_store_from_a_newer_schema_is_refused_not_changed(store_location: str) -> None:
+    with SampleStore.open(store_location) as store, store.engine.begin() as conn:
         conn.execute(text("UPDATE alembic_version SET version_num = '9999_future'"))
     with pytest.raises(ConfigError, match="cannot be migrated .*upgrade vime"):
-        SampleStore.open(tmp_path)
+        SampleStore.open(store_location)
 
 
 def test_every_sqlite_connection_uses_wal_and_waits_for_the_write_lock(tmp_path: Path) -> None:

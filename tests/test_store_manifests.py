@@ -1,6 +1,7 @@
 """Step manifests: a train step's content is recorded once, so workflows pass only (run_id, step).
 
-Real SQLite files in temporary run directories; other processes are real processes.
+On a SQLite run directory and on a fresh PostgreSQL database each (`store_location`); other
+processes are real processes.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from pathlib import Path
 
 import pytest
 from alembic import command
-from sqlalchemy.engine import URL
 
 from tests.test_store import RUN, race, random_sample
 from vime.errors import ConfigError
@@ -23,14 +23,14 @@ from vime.store import (
     StepManifest,
     StoreError,
 )
-from vime.store.engine import make_engine, write_transaction
+from vime.store.engine import make_engine, resolve_url, write_transaction
 from vime.store.migrate import alembic_config, current_revision, head_revision
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[SampleStore]:
+def store(store_location: str) -> Iterator[SampleStore]:
     """A run with rollouts 'a' (2 siblings), 'b' (1) and 'c' (3)."""
-    with SampleStore.open(tmp_path) as opened:
+    with SampleStore.open(store_location) as opened:
         opened.ensure_run(RUN)
         opened.write_rollouts(
             RUN,
@@ -130,31 +130,31 @@ def test_a_step_marks_its_samples_trained_once_and_trained_counts_sums_them_per_
     assert store.trained_counts("run-without-samples") == {}
 
 
-def test_processes_recording_different_content_for_one_step_at_once_all_get_the_same(tmp_path: Path) -> None:
+def test_processes_recording_different_content_for_one_step_at_once_all_get_the_same(
+        store_location: str, tmp_path: Path) -> None:
     """Duplicated train-step activities race to record step 0: one wins, every one trains on it."""
     writers = 4
-    with SampleStore.open(tmp_path / "run") as store:
+    with SampleStore.open(store_location) as store:
         store.ensure_run(RUN)
         store.write_rollouts(RUN, {f"r{me}": [random_sample(me)] for me in range(writers)})
     answers = [json.loads(out) for out in race("""
         import json
         from vime.store import SampleStore
-        with SampleStore.open(run_dir) as store:
+        with SampleStore.open(location) as store:
             manifest = store.write_step_manifest("run-0", 0, [f"r{me}"], weight_version=me, meta={"writer": me})
         print(json.dumps([manifest.rollout_ids, manifest.weight_version, manifest.meta]))
-    """, tmp_path / "run", writers)]
+    """, store_location, writers, tmp_path)]
 
     assert all(answer == answers[0] for answer in answers)
     ids, version, meta = answers[0]
     assert ids == [f"r{version}"] and meta == {"writer": version}, "one writer's manifest, whole"
-    with SampleStore.open(tmp_path / "run") as store:
+    with SampleStore.open(store_location) as store:
         assert store.read_step_manifest(RUN, 0) == StepManifest(RUN, 0, ids, version, meta)
 
 
-def _store_at_revision(run_dir: Path, revision: str) -> None:
+def _store_at_revision(location: str, revision: str) -> None:
     """A store as an older vime left it: schema at `revision`, one run with one rollout."""
-    run_dir.mkdir()
-    engine = make_engine(URL.create("sqlite", database=str(run_dir / "vime.db")))
+    engine = make_engine(resolve_url(location))
     try:
         with write_transaction(engine) as conn:
             command.upgrade(alembic_config(conn), revision)
@@ -163,29 +163,30 @@ def _store_at_revision(run_dir: Path, revision: str) -> None:
             conn.exec_driver_sql("INSERT INTO runs (run_id, created_at) VALUES ('run-0', '2025-01-01 00:00:00')")
     finally:
         engine.dispose()
-    with SampleStore(make_engine(URL.create("sqlite", database=str(run_dir / "vime.db")))) as old:
+    with SampleStore(make_engine(resolve_url(location))) as old:
         old.write_rollout(RUN, "old", [random_sample(1)])  # samples / runs tables are the same at 0001
 
 
-def test_a_store_at_the_previous_schema_is_upgraded_on_open_and_keeps_its_data(tmp_path: Path) -> None:
+def test_a_store_at_the_previous_schema_is_upgraded_on_open_and_keeps_its_data(store_location: str) -> None:
     assert head_revision() == "0002"
-    _store_at_revision(tmp_path / "run", "0001")
-    with SampleStore.open(tmp_path / "run") as store:
+    _store_at_revision(store_location, "0001")
+    with SampleStore.open(store_location) as store:
         with store.engine.connect() as conn:
             assert current_revision(conn) == "0002"
         assert store.read_rollout(RUN, "old") == [random_sample(1, rollout_id="old")]
         assert store.write_step_manifest(RUN, 0, ["old"]).rollout_ids == ["old"]
 
 
-def test_processes_opening_a_store_at_the_previous_schema_at_once_upgrade_it_once(tmp_path: Path) -> None:
+def test_processes_opening_a_store_at_the_previous_schema_at_once_upgrade_it_once(
+        store_location: str, tmp_path: Path) -> None:
     """Workers restarted with a newer vime open the run's store together; all of them can use it."""
     openers = 4
-    _store_at_revision(tmp_path / "run", "0001")
+    _store_at_revision(store_location, "0001")
     outputs = race("""
         from vime.store import SampleStore
-        with SampleStore.open(run_dir) as store:
+        with SampleStore.open(location) as store:
             print(store.write_step_manifest("run-0", me, ["old"]).step)
-    """, tmp_path / "run", openers)
+    """, store_location, openers, tmp_path)
     assert sorted(int(out) for out in outputs) == list(range(openers))
-    with SampleStore.open(tmp_path / "run") as store:
+    with SampleStore.open(store_location) as store:
         assert [store.read_step_manifest(RUN, step).rollout_ids for step in range(openers)] == [["old"]] * openers

@@ -18,6 +18,7 @@ commands:
   smoke        start the embedded Temporal + vLLM services and sample from the model once
   sft          supervised warm start on --sft-data traces (their loss_mask tokens); saves an HF model to --save
   engine       run one vLLM server with every flag vime needs (--engine-port; --print-command to see it)
+  config       print the training workflow's input for a run, for `temporal workflow start --input-file`
   tiny-model   build (or find in the cache) the tiny test model and print its directory
 
 `vime <command> --help` lists the flags, grouped (data, rollout, reward, training, ...,
@@ -53,6 +54,13 @@ def _engine(argv: list[str]) -> int:
     return main(parse_args([a for a in argv if a != "--print-command"]), argv)
 
 
+def _config(argv: list[str]) -> int:
+    from vime.args import parse_args
+    from vime.run_input import main
+
+    return main(parse_args(argv))
+
+
 def _tiny_model(argv: list[str]) -> int:
     from vime.testing.tiny_model import main
 
@@ -64,6 +72,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "smoke": _smoke,
     "sft": _sft,
     "engine": _engine,
+    "config": _config,
     "tiny-model": _tiny_model,
 }
 
