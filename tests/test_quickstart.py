@@ -7,6 +7,7 @@ issue's closing note (0.22 at step 1, 0.91 at step 12, 1.00 from step 18 in one 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -41,3 +42,16 @@ def test_the_quickstart_raises_mean_reward_to_0_9_within_10_minutes(training_ser
     assert (run_dir / "temporal.db").exists()  # the histories stay browsable
     assert (run_dir / "checkpoints" / "latest").read_text().strip() == "step_000024"
     assert result.stdout.count("] step ") == 24
+
+    # after it ended, from its directory alone: the run, its samples, one rollout
+    def vime(*argv: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "vime.cli", *argv, "--run-dir", str(run_dir)],
+                              capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "finished" in vime("runs").splitlines()[1]
+    listed = json.loads(vime("samples", "quickstart", "--step", "23", "--json"))
+    assert listed["total"] == 64 and all(s["step"] == 23 for s in listed["samples"])
+    (shown,) = json.loads(vime("show", "quickstart", listed["samples"][0]["key"], "--json"))
+    assert shown["prompt"] and shown["response_tokens"] and shown["trained_step"] == 23

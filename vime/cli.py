@@ -19,6 +19,9 @@ commands:
   sft          supervised warm start on --sft-data traces (their loss_mask tokens); saves an HF model to --save
   engine       run one vLLM server with every flag vime needs (--engine-port; --print-command to see it)
   config       print the training workflow's input for a run, for `temporal workflow start --input-file`
+  runs         every run in a store: progress, samples, failures, the last step's mean reward
+  samples      a run's stored samples: step, reward, status, policy version, failure, response preview
+  show         one rollout or sample: prompt, response, tokens by loss mask, logprobs, turns, diff, failure
   tiny-model   build (or find in the cache) the tiny test model and print its directory
 
 `vime <command> --help` lists the flags, grouped (data, rollout, reward, training, ...,
@@ -61,6 +64,24 @@ def _config(argv: list[str]) -> int:
     return main(parse_args(argv))
 
 
+def _runs(argv: list[str]) -> int:
+    from vime.ops.commands import runs_main
+
+    return runs_main(argv)
+
+
+def _samples(argv: list[str]) -> int:
+    from vime.ops.commands import samples_main
+
+    return samples_main(argv)
+
+
+def _show(argv: list[str]) -> int:
+    from vime.ops.commands import show_main
+
+    return show_main(argv)
+
+
 def _tiny_model(argv: list[str]) -> int:
     from vime.testing.tiny_model import main
 
@@ -73,6 +94,9 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "sft": _sft,
     "engine": _engine,
     "config": _config,
+    "runs": _runs,
+    "samples": _samples,
+    "show": _show,
     "tiny-model": _tiny_model,
 }
 

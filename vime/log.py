@@ -64,6 +64,9 @@ def configure_logging(fmt: str | None = None, level: str | int | None = None) ->
     root = logging.getLogger()
     root.handlers = [handler]
     root.setLevel(level)
+    # Alembic says "setup plugin ..." and "Context impl SQLiteImpl." at INFO on every store open:
+    # noise on the console of every command; its warnings and errors still show
+    logging.getLogger("alembic").setLevel(max(logging.WARNING, root.level))
     _configured = fmt
 
 

@@ -1,0 +1,118 @@
+"""`vime runs`, `vime samples`, `vime show`: a run's store read from the shell, on SQLite and on
+PostgreSQL, with no Temporal and no vLLM. (The quickstart's test runs them on a real run too.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_cli import REPO, one_error_line
+from vime.store import SampleStore
+from vime.types import Sample
+
+RUN = "exp1"
+
+
+def vime(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vime.cli", *argv], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+
+
+def sample(tokenizer, prompt: str, response: str, reward, *, status=Sample.Status.COMPLETED, metadata=None,
+           versions=(3,)) -> Sample:
+    prompt_ids, response_ids = tokenizer.encode(prompt), tokenizer.encode(response)
+    n = len(response_ids)
+    if n == 0:
+        return Sample(prompt=prompt, tokens=prompt_ids, response="", response_length=0, reward=reward, status=status,
+                      weight_versions=[], metadata=metadata or {})
+    spans = [{"version": v, "start": i * n // len(versions), "end": (i + 1) * n // len(versions)}
+             for i, v in enumerate(versions)]
+    return Sample(prompt=prompt, tokens=prompt_ids + response_ids, response=response, response_length=n,
+                  loss_mask=[1] * (n - 1) + [0], rollout_log_probs=[-0.5] * n, reward=reward, status=status,
+                  weight_versions=spans, metadata=metadata or {})
+
+
+@pytest.fixture
+def run_store(store_location: str, tiny_model_dir: Path) -> list[str]:
+    """A run of 2 trained steps, a failed rollout, an agent rollout, and one not yet trained; the
+    flags that point `vime` at its store."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    with SampleStore.open(store_location) as store:
+        store.ensure_run(RUN, {"hf_checkpoint": str(tiny_model_dir), "num_rollout": 4})
+        store.write_rollouts(RUN, {
+            "g0": [sample(tok, "count to 3", "1 2 3", 1.0), sample(tok, "count to 3", "1 2", 0.0)],
+            "g1": [sample(tok, "say hi", "hi there", 1.0)],
+            "broken": [sample(tok, "say hi", "", None, status=Sample.Status.FAILED,
+                              metadata={"infra_failure": "vLLM at http://127.0.0.1:8000 died mid-request"})],
+            "agent": [sample(tok, "fix chunks()", "edited chunking.py", 0.0, versions=(3, 4),
+                             metadata={"diff": "--- a/chunking.py\n+++ b/chunking.py\n",
+                                       "grade": {"outcome": "tests_failed", "reason": "tests fail (exit code 1)"}})],
+            "fresh": [sample(tok, "count to 2", "1 2", 1.0)],
+        })
+        store.write_step_manifest(RUN, 0, ["g0"])
+        store.write_step_manifest(RUN, 1, ["g1", "agent"])
+        store.mark_step_trained(RUN, 0)
+        store.mark_step_trained(RUN, 1)
+    return ["--store-url", store_location] if "://" in store_location else ["--run-dir", store_location]
+
+
+def test_runs_lists_the_run_with_its_progress_and_last_reward(run_store):
+    listed = vime("runs", *run_store, "--json")
+    assert listed.returncode == 0, listed.stderr
+    (run,) = json.loads(listed.stdout)
+    assert (run["run_id"], run["samples"], run["steps_trained"], run["failed"]) == (RUN, 6, 2, 1)
+    assert run["progress"] == "step 2/4" and run["last_reward"] == 0.5  # step 1: rewards 1.0 and 0.0
+    table = vime("runs", *run_store).stdout
+    assert table.splitlines()[0].split()[:4] == ["RUN", "PROGRESS", "SAMPLES", "FAILED"]
+    assert "exp1  step 2/4  6" in table
+
+
+def test_samples_lists_step_reward_status_version_failure_and_a_preview(run_store):
+    listed = vime("samples", RUN, *run_store, "--json")
+    assert listed.returncode == 0, listed.stderr
+    got = json.loads(listed.stdout)
+    assert got["total"] == 6
+    by_key = {s["key"]: s for s in got["samples"]}
+    assert (by_key["g0/1"]["step"], by_key["g0/1"]["reward"], by_key["g0/1"]["preview"]) == (0, 0.0, "1 2")
+    assert by_key["broken/0"]["failure"] == "infra" and "died mid-request" in by_key["broken/0"]["cause"]
+    assert by_key["agent/0"]["failure"] == "grade: tests_failed" and by_key["agent/0"]["version"] == "3-4"
+    assert by_key["fresh/0"]["step"] is None
+
+    def keys(*flags: str) -> list[str]:
+        return [s["key"] for s in json.loads(vime("samples", RUN, *run_store, "--json", *flags).stdout)["samples"]]
+
+    assert keys("--step", "1") == ["g1/0", "agent/0"]
+    assert keys("--failed") == ["broken/0"]
+    assert keys("--untrained") == ["broken/0", "fresh/0"]
+    assert keys("--where", "reward > 0.5 AND response LIKE '1 2%'") == ["g0/0", "fresh/0"]
+    assert keys("--limit", "2", "--offset", "1") == ["g0/1", "g1/0"]
+    table = vime("samples", RUN, *run_store, "--limit", "3").stdout
+    assert "g0/0" in table and "3 of 6 samples (next: --offset 3)" in table
+
+
+def test_show_prints_prompt_response_tokens_by_loss_mask_and_the_failure(run_store):
+    shown = vime("show", RUN, "agent", *run_store, "--tokens", "--color", "always")
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert "fix chunks()" in out and "grade: tests_failed: tests fail (exit code 1)" in out
+    assert "policy version 3-4" in out and "--- a/chunking.py" in out
+    assert "\033[32m" in out and "\033[90m" in out, "trained tokens green, the masked last one grey"
+    assert "-0.5000" in out, "each token's logprob"
+    (one,) = json.loads(vime("show", RUN, "g0/1", *run_store, "--json").stdout)
+    assert (one["response"], one["trained_step"], one["reward"]) == ("1 2", 0, 0.0)
+    assert "".join(t["text"] for t in one["response_tokens"]) == "1 2", "each token's text, from the run's tokenizer"
+    assert [t["loss_mask"] for t in one["response_tokens"]][-1] == 0
+
+
+def test_a_missing_rollout_a_bad_where_and_a_directory_without_a_store_are_one_line(run_store, tmp_path):
+    assert "has no rollout 'nope'" in one_error_line(vime("show", RUN, "nope", *run_store))
+    assert "--where 'rewardd > 1'" in one_error_line(vime("samples", RUN, *run_store, "--where", "rewardd > 1"))
+    empty = tmp_path / "not-a-run"
+    assert "no vime store in" in one_error_line(vime("samples", RUN, "--run-dir", str(empty)))
+    assert not empty.exists(), "reading never creates a store"

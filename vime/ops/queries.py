@@ -1,0 +1,162 @@
+"""What `vime runs` and `vime samples` list: one summary per run, one line per sample.
+
+Plain SQL over the store's tables (no token data is read for a listing), the same on SQLite
+and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from sqlalchemy import and_, case, distinct, func, select, text
+from sqlalchemy.exc import DBAPIError
+
+from vime.errors import ConfigError
+from vime.store import SampleStore
+from vime.store.models import RunRow, SampleRow
+
+
+FAILED = ("failed", "aborted")
+
+
+@dataclass
+class RunSummary:
+    run_id: str
+    created_at: str
+    samples: int
+    steps_trained: int
+    num_rollout: int | None
+    last_reward: float | None  # mean reward of the newest trained step
+    failed: int  # samples stored as failed or aborted
+
+    @property
+    def progress(self) -> str:
+        if self.num_rollout and self.steps_trained >= self.num_rollout:
+            return "finished"
+        return f"step {self.steps_trained}/{self.num_rollout or '?'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "progress": self.progress}
+
+
+@dataclass
+class SampleLine:
+    key: str
+    rollout_id: str
+    step: int | None  # the train step that consumed it; None while untrained
+    reward: float | dict | None
+    status: str
+    version: str  # the policy version(s) that sampled its response
+    length: int
+    failure: str  # "" when it did not fail; else what kind: infra, error, aborted, ...
+    cause: str
+    preview: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_summaries(store: SampleStore) -> list[RunSummary]:
+    per_run = (select(SampleRow.run_id, func.count().label("samples"),
+                      func.count(distinct(SampleRow.trained_step)).label("steps"),
+                      func.max(SampleRow.trained_step).label("last_step"),
+                      func.sum(case((SampleRow.status.in_(FAILED), 1), else_=0)).label("failed"))
+               .group_by(SampleRow.run_id).subquery())
+    last_reward = (select(func.avg(SampleRow.reward))
+                   .where(SampleRow.run_id == RunRow.run_id, SampleRow.trained_step == per_run.c.last_step)
+                   .scalar_subquery())
+    query = (select(RunRow.run_id, RunRow.created_at, RunRow.config, per_run.c.samples, per_run.c.steps,
+                    per_run.c.failed, last_reward.label("last_reward"))
+             .outerjoin(per_run, per_run.c.run_id == RunRow.run_id)
+             .order_by(RunRow.created_at))
+    with store.engine.connect() as conn:
+        rows = conn.execute(query).all()
+    return [RunSummary(run_id=r.run_id, created_at=r.created_at.strftime("%Y-%m-%d %H:%M"), samples=r.samples or 0,
+                       steps_trained=r.steps or 0, num_rollout=(r.config or {}).get("num_rollout"),
+                       last_reward=None if r.last_reward is None else float(r.last_reward), failed=int(r.failed or 0))
+            for r in rows]
+
+
+@dataclass
+class SampleFilter:
+    step: int | None = None
+    status: str | None = None
+    rollout: str | None = None
+    untrained: bool = False
+    failed: bool = False
+    where: str | None = None  # an SQL condition over the samples table's columns
+    limit: int = 20
+    offset: int = 0
+
+
+def sample_lines(store: SampleStore, run_id: str, f: SampleFilter) -> tuple[list[SampleLine], int]:
+    """The matching samples in write order (a page of them), and how many match in all."""
+    conditions = [SampleRow.run_id == run_id]
+    if f.step is not None:
+        conditions.append(SampleRow.trained_step == f.step)
+    if f.status:
+        conditions.append(SampleRow.status == f.status)
+    if f.rollout:
+        conditions.append(SampleRow.rollout_id == f.rollout)
+    if f.untrained:
+        conditions.append(SampleRow.trained_step.is_(None))
+    if f.failed:
+        conditions.append(SampleRow.status.in_(FAILED))
+    if f.where:
+        conditions.append(text(f"({f.where})"))
+    columns = [SampleRow.key, SampleRow.rollout_id, SampleRow.trained_step, SampleRow.reward, SampleRow.reward_json,
+               SampleRow.status, SampleRow.weight_versions, SampleRow.response_length, SampleRow.response,
+               SampleRow.sample_metadata]
+    page = select(*columns).where(and_(*conditions)).order_by(SampleRow.id).limit(f.limit).offset(f.offset)
+    count = select(func.count()).select_from(SampleRow).where(and_(*conditions))
+    try:
+        with store.engine.connect() as conn:
+            rows, total = conn.execute(page).all(), conn.execute(count).scalar_one()
+    except DBAPIError as exc:
+        if not f.where:
+            raise
+        raise ConfigError(f"--where {f.where!r}: {str(exc.orig).splitlines()[0]}; its columns: "
+                          f"{', '.join(c.name for c in SampleRow.__table__.columns)}") from None
+    return [_line(r) for r in rows], total
+
+
+def _line(r) -> SampleLine:
+    meta = r.metadata or {}
+    failure, cause = failure_of(r.status, meta)
+    return SampleLine(key=r.key, rollout_id=r.rollout_id, step=r.trained_step,
+                      reward=r.reward if r.reward is not None else r.reward_json, status=r.status,
+                      version=versions_text(r.weight_versions), length=r.response_length, failure=failure,
+                      cause=cause, preview=preview(r.response))
+
+
+def failure_of(status: str, metadata: dict) -> tuple[str, str]:
+    """The kind of failure and its cause: infrastructure (vLLM, sandbox, timeouts: the rollout
+    is retried or weighted out), an error of the model's output or the user's hooks, or an
+    aborted/truncated generation."""
+    if metadata.get("infra_failure"):
+        return "infra", str(metadata["infra_failure"])
+    if metadata.get("error"):
+        source = metadata.get("error_source")
+        return (f"error ({source})" if source else "error"), str(metadata["error"])
+    grade = metadata.get("grade")
+    if isinstance(grade, dict) and grade.get("outcome") and grade["outcome"] != "passed":
+        return f"grade: {grade.get('outcome')}", str(grade.get("reason") or "")
+    if status in ("failed", "aborted", "truncated"):
+        return status, ""
+    return "", ""
+
+
+def versions_text(weight_versions: list) -> str:
+    """`3`, or `3-4` when the response spans a weight update (an agent session)."""
+    found = []
+    for entry in weight_versions or []:
+        version = entry.get("version") if isinstance(entry, dict) else entry
+        if version is not None and str(version) not in found:
+            found.append(str(version))
+    return "-".join(found) if found else "?"
+
+
+def preview(response: str, width: int = 60) -> str:
+    flat = " ".join((response or "").split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"

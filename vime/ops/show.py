@@ -1,0 +1,135 @@
+"""`vime show RUN KEY`: one rollout as a person reads it, from the store alone.
+
+The prompt and response text, the response's tokens coloured by loss mask (trained in green,
+masked in grey) with their logprobs, the policy version(s) that sampled them, an agent's turns,
+its diff and grading, and why the rollout failed when it did. KEY is a rollout id (every sibling)
+or `rollout/sibling` (one sample), as `vime samples` lists them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+
+from vime.errors import ConfigError
+from vime.ops.queries import failure_of, versions_text
+from vime.store import MissingSampleError, SampleStore
+from vime.store.models import RunRow, SampleRow
+from vime.types import Sample
+
+GREEN, GREY, BOLD, RESET = "\033[32m", "\033[90m", "\033[1m", "\033[0m"
+
+
+@dataclass
+class ShownSample:
+    key: str
+    sample: Sample
+    step: int | None
+
+    def to_dict(self, tokens: list[str] | None) -> dict[str, Any]:
+        s = self.sample
+        failure, cause = failure_of(s.status.value, s.metadata or {})
+        response_ids = s.tokens[len(s.tokens) - s.response_length:] if s.response_length else []
+        return {"key": self.key, "rollout_id": str(s.rollout_id), "status": s.status.value, "reward": s.reward,
+                "trained_step": self.step, "weight_versions": s.weight_versions, "failure": failure, "cause": cause,
+                "prompt": s.prompt, "response": s.response, "label": s.label,
+                "response_tokens": [{"id": t, "text": tokens[i] if tokens else None,
+                                     "loss_mask": s.loss_mask[i] if s.loss_mask else None,
+                                     "logprob": s.rollout_log_probs[i] if s.rollout_log_probs else None}
+                                    for i, t in enumerate(response_ids)],
+                "metadata": s.metadata}
+
+
+def load(store: SampleStore, run_id: str, key: str) -> list[ShownSample]:
+    sibling = key.rsplit("/", 1)[1] if "/" in key else ""
+    one = sibling.isdigit()
+    try:
+        samples = store.read_samples(run_id, [key]) if one else store.read_rollout(run_id, key)
+    except MissingSampleError:
+        samples = []
+    if not samples:
+        raise ConfigError(f"run {run_id!r} has no {'sample' if one else 'rollout'} {key!r} in {store.url}; "
+                          f"`vime samples {run_id}` lists them")
+    keys = [key] if one else [f"{key}/{i}" for i in range(len(samples))]
+    query = select(SampleRow.key, SampleRow.trained_step).where(SampleRow.run_id == run_id, SampleRow.key.in_(keys))
+    with store.engine.connect() as conn:
+        steps = dict(conn.execute(query).all())
+    return [ShownSample(k, s, steps.get(k)) for k, s in zip(keys, samples, strict=True)]
+
+
+def run_tokenizer(store: SampleStore, run_id: str):
+    """The run's tokenizer (its --hf-checkpoint), to print each token's text; None if it is gone."""
+    with store.engine.connect() as conn:
+        config = conn.execute(select(RunRow.config).where(RunRow.run_id == run_id)).scalar_one_or_none() or {}
+    path = config.get("hf_checkpoint")
+    if not path:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except Exception:  # noqa: BLE001 - a moved or deleted model: show token ids instead
+        return None
+
+
+def token_texts(tokenizer, ids: list[int]) -> list[str] | None:
+    if tokenizer is None:
+        return None
+    return [tokenizer.decode([t]) for t in ids]
+
+
+def render(shown: ShownSample, tokens: list[str] | None, *, color: bool, token_table: bool) -> str:
+    s = shown.sample
+    c = (lambda code, text: f"{code}{text}{RESET}") if color else (lambda code, text: text)
+    failure, cause = failure_of(s.status.value, s.metadata or {})
+    trained = f"trained at step {shown.step}" if shown.step is not None else "not trained"
+    lines = [c(BOLD, f"{shown.key}") + f"  {s.status.value}, reward {_reward(s.reward)}, {trained}, "
+             f"policy version {versions_text(s.weight_versions)}"]
+    if failure:
+        lines.append(c(BOLD, "failure: ") + failure + (f": {cause}" if cause else ""))
+    lines += ["", c(BOLD, "── prompt ──"), _prompt_text(s.prompt)]
+    response_ids = s.tokens[len(s.tokens) - s.response_length:] if s.response_length else []
+    mask = s.loss_mask if s.loss_mask is not None else [1] * len(response_ids)
+    lines += ["", c(BOLD, f"── response ({len(response_ids)} tokens, {sum(mask)} trained"
+                    + (": green trained, grey masked" if color else "") + ") ──")]
+    if tokens is not None and color:
+        runs = itertools.groupby(zip(tokens, mask, strict=False), key=lambda token_mask: bool(token_mask[1]))
+        lines.append("".join(c(GREEN if trained else GREY, "".join(t for t, _ in run)) for trained, run in runs))
+    else:
+        lines.append(s.response)
+    if token_table:
+        lines += ["", c(BOLD, "── tokens ──"), f"{'#':>5} {'id':>8}  {'mask':>4}  {'logprob':>8}  text"]
+        for i, t in enumerate(response_ids):
+            lp = s.rollout_log_probs[i] if s.rollout_log_probs else None
+            text = json.dumps(tokens[i]) if tokens else ""
+            lines.append(f"{i:>5} {t:>8}  {mask[i]:>4}  {'' if lp is None else f'{lp:8.4f}':>8}  {text}")
+    spans = [v for v in s.weight_versions or [] if isinstance(v, dict)]
+    if len(spans) > 1:
+        lines += ["", c(BOLD, "── weight versions ──")]
+        lines += [f"tokens {v.get('start')}-{v.get('end')}: version {v.get('version')}" for v in spans]
+    meta = s.metadata or {}
+    if meta.get("turns"):
+        lines += ["", c(BOLD, f"── turns ({len(meta['turns'])}) ──")]
+        prompt_length = len(s.tokens) - s.response_length  # turns count from the segment's start
+        lines += [f"{i}: response tokens {t['start'] - prompt_length}-{t['end'] - prompt_length}, "
+                  f"{t.get('finish_reason')}" for i, t in enumerate(meta["turns"])]
+    if meta.get("diff"):
+        lines += ["", c(BOLD, "── diff ──"), meta["diff"].rstrip()]
+    if meta.get("grade"):
+        lines += ["", c(BOLD, "── grading ──"), json.dumps(meta["grade"], indent=1)]
+    return "\n".join(lines)
+
+
+def _reward(reward) -> str:
+    return "none" if reward is None else (f"{reward:g}" if isinstance(reward, float | int) else json.dumps(reward))
+
+
+def _prompt_text(prompt) -> str:
+    if isinstance(prompt, list):
+        return "\n".join(f"[{m.get('role', '?')}] {m.get('content', '')}" if isinstance(m, dict) else str(m)
+                         for m in prompt)
+    return str(prompt)
