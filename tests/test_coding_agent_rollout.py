@@ -346,10 +346,13 @@ async def test_a_store_locked_past_the_heartbeat_timeout_delays_the_session_with
     assert len({t.meta["attempt"] for t in worker.turns("0")}) == 1
 
 
-async def test_cancelling_the_workflow_tears_the_sandbox_down(worker, temporal_env):
+@pytest.mark.parametrize("cancel_after_turns", [1, TURNS - 1], ids=["mid-session", "as-the-session-ends"])
+async def test_cancelling_the_workflow_tears_the_sandbox_down(worker, temporal_env, cancel_after_turns):
+    """Also when the session finishes its last turn before a heartbeat brings it the cancel: the
+    SDK then hands back the session's result, and the rollout must stop all the same."""
     worker.start()
     handle = await _start(temporal_env.client, worker)
-    await _wait(lambda: len(worker.turns("0")) >= 1, 180, "a stored turn")
+    await _wait(lambda: len(worker.turns("0")) >= cancel_after_turns, 180, f"{cancel_after_turns} stored turns")
     assert worker.leftovers()  # the sandbox is up
     await handle.cancel()
     with pytest.raises(WorkflowFailureError):

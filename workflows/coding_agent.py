@@ -287,13 +287,13 @@ class CodingAgentRolloutWorkflow:
                 retry_policy=_retry(3))
             try:
                 self._enter("session")
-                session = await workflow.execute_activity(
+                session = await _stopped_on_cancel(workflow.start_activity(
                     AGENT_SESSION, SessionInput(inp.run_id, task, ref.sandbox_id, inp.weight_version),
                     result_type=SessionOutput, **self._on_host(inp, ref), start_to_close_timeout=timedelta(hours=4),
                     heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds),
                     retry_policy=_retry(inp.session_attempts, SANDBOX_LOST),
                     # on cancel, wait until the session stopped using the sandbox before tearing it down
-                    cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED)
+                    cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED))
                 self._enter("diff")
                 diff = await workflow.execute_activity(
                     CAPTURE_DIFF, DiffInput(inp.run_id, task.rollout_id, ref.sandbox_id), result_type=DiffOutput,
@@ -343,3 +343,22 @@ class CodingAgentRolloutWorkflow:
             workflow.logger.warning("sandbox %s: its host is gone; tearing down from %s", ref.sandbox_id,
                                     inp.sandbox_task_queue)
             await workflow.execute_activity(TEARDOWN_SANDBOX, ref, task_queue=inp.sandbox_task_queue, **options)
+
+
+async def _stopped_on_cancel(handle: workflow.ActivityHandle):
+    """The activity's result; when the workflow is cancelled meanwhile, the activity is asked to
+    stop and awaited, and the cancellation goes on.
+
+    Awaited directly, an activity with WAIT_CANCELLATION_COMPLETED that completes after the
+    cancel was requested (a session between heartbeats finishing its last turn) hands back its
+    result and the SDK drops the cancel: the rollout went on to grading and finished as if never
+    cancelled. Shielded, the cancel reaches this code whatever the activity does."""
+    try:
+        return await asyncio.shield(handle)
+    except asyncio.CancelledError:
+        handle.cancel()
+        try:
+            await handle  # stopped (cancelled) or finished: either way the sandbox is free now
+        except (ActivityError, asyncio.CancelledError):
+            pass
+        raise
