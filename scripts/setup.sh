@@ -16,10 +16,12 @@ elif command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then ext
 else extras=cpu,test; fi
 
 # System packages the tests drive for real: bubblewrap (the local sandbox backend runs agents'
-# commands in it), PostgreSQL (the store tests run on it as well as on SQLite) and docker-compose
-# (the tests validate docker-compose.yml with `docker-compose config`; no Docker engine needed).
+# commands in it), PostgreSQL (the store tests run on it as well as on SQLite), docker-compose
+# (the tests validate docker-compose.yml with `docker-compose config`; no Docker engine needed)
+# and Chromium (headless screenshots of `vime report` pages).
 missing=()
 command -v bwrap >/dev/null || missing+=(bubblewrap)
+command -v chromium >/dev/null || missing+=(chromium)
 ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || command -v pg_ctl >/dev/null || missing+=(postgresql)
 command -v docker-compose >/dev/null || missing+=(docker-compose)
 if [ ${#missing[@]} -gt 0 ]; then

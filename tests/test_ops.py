@@ -1,16 +1,20 @@
-"""`vime runs`, `vime samples`, `vime show`: a run's store read from the shell, on SQLite and on
-PostgreSQL, with no Temporal and no vLLM. (The quickstart's test runs them on a real run too.)"""
+"""`vime runs`, `vime samples`, `vime show`, `vime report`: a run's store read from the shell, on
+SQLite and on PostgreSQL, with no Temporal and no vLLM. (The quickstart's test runs them on a real
+run too.)"""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.test_cli import REPO, one_error_line
+from vime.metrics_log import MetricsLog, read_metrics
 from vime.store import SampleStore
 from vime.types import Sample
 
@@ -116,3 +120,43 @@ def test_a_missing_rollout_a_bad_where_and_a_directory_without_a_store_are_one_l
     empty = tmp_path / "not-a-run"
     assert "no vime store in" in one_error_line(vime("samples", RUN, "--run-dir", str(empty)))
     assert not empty.exists(), "reading never creates a store"
+
+
+def chromium_screenshot(page: Path, png: Path) -> None:
+    """Headless Chromium (Debian's `chromium`; scripts/setup.sh installs it) renders `page`."""
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert binary, "chromium is not installed (Debian: apt-get install chromium; scripts/setup.sh does)"
+    subprocess.run([binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={png.parent / 'chromium-profile'}", "--window-size=1200,1600",
+                    f"--screenshot={png}", page.as_uri()], capture_output=True, timeout=120, check=True)
+
+
+def test_report_is_one_self_contained_page_whose_plots_render_in_chromium(run_store, store_location, tmp_path):
+    from PIL import Image
+
+    run_dir = tmp_path / "metrics" if "://" in store_location else Path(store_location)
+    log = MetricsLog(run_dir)
+    for step, reward in enumerate([0.25, 0.5, 0.75]):
+        assert log.write(step, {"reward_mean": reward, "grad_norm": 1.0 - reward, "pg_clipfrac": 0.01 * step,
+                                "rollout_wait_seconds": 2.0, "train_phase_seconds": 1.0, "sync_seconds": 0.1})
+    assert not MetricsLog(run_dir).write(1, {"reward_mean": 9.0}), "a step already written is not written again"
+    assert [m["reward_mean"] for m in read_metrics(run_dir)] == [0.25, 0.5, 0.75]
+
+    page = tmp_path / "report.html"
+    flags = [*run_store, "--run-dir", str(run_dir)] if "://" in store_location else run_store
+    done = vime("report", RUN, *flags, "--out", str(page))
+    assert done.returncode == 0, done.stderr
+    html = page.read_text()
+    for chart in ("Mean reward", "Grad norm", "Clip fraction", "Seconds per phase", "Reward per step"):
+        assert f'aria-label="{chart}' in html, chart
+    assert "infra" in html and "grade: tests_failed" in html, "the failure classes"
+    assert "<script" not in html and "src=" not in html and "<link" not in html, "nothing to fetch: one file"
+
+    if "://" in store_location:
+        return  # the page does not depend on the store's kind: render it once
+    png = tmp_path / "report.png"
+    chromium_screenshot(page, png)
+    pixels = np.asarray(Image.open(png).convert("RGB"), dtype=int)
+    line_color = int((np.abs(pixels - [0x1F, 0x77, 0xB4]).max(axis=2) < 30).sum())
+    assert line_color > 500, f"the plotted lines (#1f77b4) cover {line_color} pixels of the screenshot"

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import engine_flags
+from vime.metrics_log import read_metrics
 
 pytestmark = pytest.mark.vllm
 
@@ -55,3 +56,6 @@ def test_the_quickstart_raises_mean_reward_to_0_9_within_10_minutes(training_ser
     assert listed["total"] == 64 and all(s["step"] == 23 for s in listed["samples"])
     (shown,) = json.loads(vime("show", "quickstart", listed["samples"][0]["key"], "--json"))
     assert shown["prompt"] and shown["response_tokens"] and shown["trained_step"] == 23
+    assert [m["step"] for m in read_metrics(run_dir)] == list(range(24)), "metrics.jsonl: one line per step"
+    assert "(24 steps, " in vime("report", "quickstart")
+    assert 'aria-label="Mean reward"' in (run_dir / "report.html").read_text()

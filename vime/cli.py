@@ -22,6 +22,7 @@ commands:
   runs         every run in a store: progress, samples, failures, the last step's mean reward
   samples      a run's stored samples: step, reward, status, policy version, failure, response preview
   show         one rollout or sample: prompt, response, tokens by loss mask, logprobs, turns, diff, failure
+  report       one self-contained HTML page: metric plots, reward distribution, failures, notable rollouts
   tiny-model   build (or find in the cache) the tiny test model and print its directory
 
 `vime <command> --help` lists the flags, grouped (data, rollout, reward, training, ...,
@@ -82,6 +83,12 @@ def _show(argv: list[str]) -> int:
     return show_main(argv)
 
 
+def _report(argv: list[str]) -> int:
+    from vime.ops.commands import report_main
+
+    return report_main(argv)
+
+
 def _tiny_model(argv: list[str]) -> int:
     from vime.testing.tiny_model import main
 
@@ -97,6 +104,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "runs": _runs,
     "samples": _samples,
     "show": _show,
+    "report": _report,
     "tiny-model": _tiny_model,
 }
 

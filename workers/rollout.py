@@ -13,6 +13,7 @@ import sys
 from temporalio.worker import Worker
 
 from activities.coding_agent import CodingAgentActivities
+from activities.metrics import MetricsActivities
 from activities.rollout import RolloutActivities
 from activities.sandbox import SandboxActivities
 from activities.steps import StepActivities
@@ -43,7 +44,8 @@ async def serve(args) -> None:
     with SampleStore.open(args.store_url) as store:
         ensure_run(args, store)
         acts = RolloutActivities(args, store)
-        activities = [acts.generate_group, acts.generate_rollout_step, *StepActivities(store).all()]
+        activities = [acts.generate_group, acts.generate_rollout_step, *StepActivities(store).all(),
+                      MetricsActivities(args.run_dir).record_metrics]
         sandboxes = None
         workers = []
         if args.rollout_workflow == "CodingAgentRolloutWorkflow":  # agent sessions + the sandbox queues

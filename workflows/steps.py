@@ -32,3 +32,15 @@ class RecordedStep:
     next_position: int
     rollouts: int
     weight_version: int
+
+
+RECORD_METRICS = "record_metrics"
+
+
+@dataclass
+class StepMetrics:
+    """One finished step's metrics, for `<run_dir>/metrics.jsonl` (and TensorBoard when installed)."""
+
+    run_id: str
+    step: int
+    metrics: dict[str, Any]

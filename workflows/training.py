@@ -49,7 +49,8 @@ with workflow.unsafe.imports_passed_through():
     from workflows.rollout import (CONFIG_ERROR, ROLLOUT_STEP, RolloutInput, RolloutOutput,
                                    RolloutStepInput, RolloutStepOutput, RolloutWorkflow,
                                    rollout_retry_policy, rollout_workflow_id, starting_search_attributes)
-    from workflows.steps import RECORD_STEP, RECORDED_STEPS, RecordedStep, RecordedStepsInput, StepRecord
+    from workflows.steps import (RECORD_METRICS, RECORD_STEP, RECORDED_STEPS, RecordedStep, RecordedStepsInput,
+                                 StepMetrics, StepRecord)
 
 WORKER_LOST = "WorkerLost"  # an activity the launcher failed because it saw its worker die
 
@@ -132,6 +133,7 @@ class TrainingInput:
 
 
 KEEP_METRICS = 100
+METRICS_FILE_PATCH = "metrics-jsonl"  # workflows recorded before metrics.jsonl replay without it
 MAX_TRAINER_ERRORS = 3
 
 
@@ -228,6 +230,7 @@ class TrainingWorkflow:
                            sync_seconds=workflow.time() - t2, sync_pause_seconds=sync.get("pause_seconds", 0.0),
                            finished_at=workflow.now().timestamp())
             self.state.metrics = (self.state.metrics + [metrics])[-KEEP_METRICS:]
+            await self._record_metrics(step, metrics)
             if cfg.save and (self.state.step % (cfg.save_interval or cfg.num_rollout) == 0
                              or self.state.step == cfg.num_rollout):
                 await self._checkpoint()
@@ -247,6 +250,17 @@ class TrainingWorkflow:
         self.phase = "done"
         workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("done")])
         return self.state
+
+    async def _record_metrics(self, step: int, metrics: dict) -> None:
+        """`<run_dir>/metrics.jsonl` gets the step's line. A run whose history predates this call
+        replays without it (the patch); a failed write is logged, never the run's failure."""
+        if not workflow.patched(METRICS_FILE_PATCH):
+            return
+        try:
+            await workflow.execute_local_activity(RECORD_METRICS, StepMetrics(self.cfg.run_id, step, metrics),
+                                                  **_short(60), retry_policy=RetryPolicy(maximum_attempts=3))
+        except ActivityError as e:
+            workflow.logger.warning(f"step {step}'s metrics were not written to metrics.jsonl: {_message(e.cause or e)}")
 
     def _continue_as_new_due(self, steps_this_run: int) -> bool:
         every = self.cfg.continue_as_new_after_steps

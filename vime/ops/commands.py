@@ -107,3 +107,31 @@ def show_main(argv: list[str]) -> int:
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     print("\n\n".join(render(s, t, color=color, token_table=args.tokens) for s, t in zip(shown, texts, strict=True)))
     return 0
+
+
+def report_main(argv: list[str]) -> int:
+    from vime.metrics_log import read_metrics
+    from vime.ops.locate import run_dir_of
+    from vime.ops.report import collect, render_html
+
+    parser = argparse.ArgumentParser(prog="vime report", description="One self-contained HTML page about a run: "
+                                     "plots of its per-step metrics, the reward distribution per step, failure "
+                                     "classes, the longest and lowest-reward rollouts.")
+    parser.add_argument("run", metavar="RUN", help="the run id")
+    add_location_flags(parser)
+    parser.add_argument("--out", help="where to write the page (default: <run-dir>/report.html)")
+    args = parser.parse_args(argv)
+    run_dir = run_dir_of(args.run, args.run_dir)
+    with open_existing(store_for(args)) as store:
+        data = collect(store, args.run, read_metrics(run_dir))
+    if not data.samples and not data.metrics:
+        raise ConfigError(f"run {args.run!r} has no samples in {store_for(args)} and no metrics in {run_dir}; "
+                          "`vime runs` lists the runs")
+    out = Path(args.out) if args.out else run_dir / "report.html"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_html(data))
+    if args.json:
+        print(json.dumps({"report": str(out), "steps": len(data.metrics), "samples": data.samples}))
+    else:
+        print(f"wrote {out} ({len(data.metrics)} steps, {data.samples} samples): open it in a browser")
+    return 0
