@@ -30,6 +30,14 @@ def _cell(value) -> str:
     return str(value)
 
 
+def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """A command about one run: RUN, then where its store is (--run-dir / --store-url) and --json."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("run", metavar="RUN", help="the run id")
+    add_location_flags(parser)
+    return parser
+
+
 def runs_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="vime runs", description="Every run in a store: progress, samples, "
                                      "the last step's mean reward. Without --run-dir/--store-url: every run "
@@ -57,11 +65,8 @@ def runs_main(argv: list[str]) -> int:
 
 
 def samples_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="vime samples", description="A run's stored samples, in the order they "
-                                     "were written: train step, reward, status, policy version, length, failure "
-                                     "and a preview of the response.")
-    parser.add_argument("run", metavar="RUN", help="the run id")
-    add_location_flags(parser)
+    parser = run_parser("vime samples", "A run's stored samples, in the order they were written: train step, "
+                        "reward, status, policy version, length, failure and a preview of the response.")
     parser.add_argument("--step", type=int, help="only the samples train step STEP consumed")
     parser.add_argument("--status", choices=["completed", "truncated", "aborted", "failed", "pending"])
     parser.add_argument("--rollout", help="only this rollout's samples")
@@ -87,12 +92,10 @@ def samples_main(argv: list[str]) -> int:
 
 
 def show_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="vime show", description="One rollout (every sibling) or one sample "
-                                     "(rollout/sibling): prompt, response, tokens by loss mask, logprobs, policy "
-                                     "versions, turns, diff and grading, failure cause.")
-    parser.add_argument("run", metavar="RUN", help="the run id")
+    parser = run_parser("vime show", "One rollout (every sibling) or one sample (rollout/sibling): prompt, "
+                        "response, tokens by loss mask, logprobs, policy versions, turns, diff and grading, failure "
+                        "cause.")
     parser.add_argument("key", metavar="KEY", help="a rollout id, or rollout/sibling as `vime samples` lists them")
-    add_location_flags(parser)
     parser.add_argument("--tokens", action="store_true", help="a table of the response's tokens and logprobs")
     parser.add_argument("--color", choices=["auto", "always", "never"], default="auto")
     args = parser.parse_args(argv)
@@ -114,11 +117,8 @@ def report_main(argv: list[str]) -> int:
     from vime.ops.locate import run_dir_of
     from vime.ops.report import collect, render_html
 
-    parser = argparse.ArgumentParser(prog="vime report", description="One self-contained HTML page about a run: "
-                                     "plots of its per-step metrics, the reward distribution per step, failure "
-                                     "classes, the longest and lowest-reward rollouts.")
-    parser.add_argument("run", metavar="RUN", help="the run id")
-    add_location_flags(parser)
+    parser = run_parser("vime report", "One self-contained HTML page about a run: plots of its per-step metrics, "
+                        "the reward distribution per step, failure classes, the longest and lowest-reward rollouts.")
     parser.add_argument("--out", help="where to write the page (default: <run-dir>/report.html)")
     args = parser.parse_args(argv)
     run_dir = run_dir_of(args.run, args.run_dir)
