@@ -37,9 +37,13 @@ INFRA_FAILURE = "InfraFailure"
 ENGINE_WAIT_S = 30.0
 
 
+PREVIEW_SAMPLES, PREVIEW_PROMPT_CHARS, PREVIEW_RESPONSE_CHARS = 16, 160, 320
+
+
 def summarize(position: int, ids: list[str], results: list[list[Sample]], keep: bool = True,
-              reason: str | None = None) -> RolloutOutput:
-    """The small summary of a stored group that travels back through Temporal."""
+              reason: str | None = None, *, preview: bool = True) -> RolloutOutput:
+    """The small summary of a stored group that travels back through Temporal (with `preview`,
+    the short texts its workflow puts in its memo for the Web UI)."""
     samples = [s for rollout in results for s in rollout]
     infra = [s for s in samples if (s.metadata or {}).get("infra_failure")]
     errors = [s for s in samples if s.status == Sample.Status.FAILED and s not in infra]
@@ -53,7 +57,25 @@ def summarize(position: int, ids: list[str], results: list[list[Sample]], keep: 
     return RolloutOutput(position, ids, keep=keep and not failed, filter_reason=reason,
                          reward_mean=sum(rewards) / len(rewards) if rewards else None,
                          status="failed" if failed else "completed", samples=len(samples),
-                         errors=len(errors), infra=len(infra), first_error=first_error)
+                         errors=len(errors), infra=len(infra), first_error=first_error,
+                         preview=_preview(ids, results) if preview else None)
+
+
+def _preview(ids: list[str], results: list[list[Sample]]) -> list[dict]:
+    shown = [(f"{rid}/{i}", s) for rid, rollout in zip(ids, results) for i, s in enumerate(rollout)]
+    return [{"sample": key, "reward": s.reward if isinstance(s.reward, int | float) else None,
+             "status": s.status.value, "prompt": _short(s.prompt, PREVIEW_PROMPT_CHARS),
+             "response": _short(s.response, PREVIEW_RESPONSE_CHARS),
+             **({"failure": str(s.metadata.get("infra_failure") or s.metadata.get("error"))[:200]}
+                if (s.metadata or {}).get("infra_failure") or (s.metadata or {}).get("error") else {})}
+            for key, s in shown[:PREVIEW_SAMPLES]]
+
+
+def _short(text, limit: int) -> str:
+    if not isinstance(text, str):  # chat messages: the last one's content
+        text = str(text[-1].get("content", "")) if isinstance(text, list) and text and isinstance(text[-1], dict) \
+            else str(text)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _infra_cause(results: list[list[Sample]]) -> tuple[int, str] | None:
@@ -118,7 +140,7 @@ class RolloutActivities:
                 by_rollout.setdefault(s.rollout_id, []).append(s)
             await store_call(self.store.write_rollouts, inp.run_id, by_rollout)
             ids = list(by_rollout)
-            outputs.append(summarize(g, ids, [by_rollout[r] for r in ids]))
+            outputs.append(summarize(g, ids, [by_rollout[r] for r in ids], preview=False))  # no group workflow
         return RolloutStepOutput(outputs, getattr(source, "position", inp.position))
 
     def _stored(self, run_id: str, ids: list[str]) -> list[list[Sample]] | None:

@@ -122,11 +122,15 @@ def test_a_missing_rollout_a_bad_where_and_a_directory_without_a_store_are_one_l
     assert not empty.exists(), "reading never creates a store"
 
 
-def chromium_screenshot(page: Path, png: Path) -> None:
-    """Headless Chromium (Debian's `chromium`; scripts/setup.sh installs it) renders `page`."""
+def chromium_binary() -> str:
     binary = shutil.which("chromium") or shutil.which("chromium-browser")
     assert binary, "chromium is not installed (Debian: apt-get install chromium; scripts/setup.sh does)"
-    subprocess.run([binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    return binary
+
+
+def chromium_screenshot(page: Path, png: Path) -> None:
+    """Headless Chromium (Debian's `chromium`; scripts/setup.sh installs it) renders `page`."""
+    subprocess.run([chromium_binary(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
                     f"--user-data-dir={png.parent / 'chromium-profile'}", "--window-size=1200,1600",
                     f"--screenshot={png}", page.as_uri()], capture_output=True, timeout=120, check=True)

@@ -23,6 +23,7 @@ commands:
   samples      a run's stored samples: step, reward, status, policy version, failure, response preview
   show         one rollout or sample: prompt, response, tokens by loss mask, logprobs, turns, diff, failure
   report       one self-contained HTML page: metric plots, reward distribution, failures, notable rollouts
+  ui           the Temporal Web UI on a finished (or stopped) run's history, until Ctrl-C
   tiny-model   build (or find in the cache) the tiny test model and print its directory
 
 `vime <command> --help` lists the flags, grouped (data, rollout, reward, training, ...,
@@ -89,6 +90,12 @@ def _report(argv: list[str]) -> int:
     return report_main(argv)
 
 
+def _ui(argv: list[str]) -> int:
+    from vime.ops.ui import ui_main
+
+    return ui_main(argv)
+
+
 def _tiny_model(argv: list[str]) -> int:
     from vime.testing.tiny_model import main
 
@@ -105,6 +112,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "samples": _samples,
     "show": _show,
     "report": _report,
+    "ui": _ui,
     "tiny-model": _tiny_model,
 }
 

@@ -41,7 +41,8 @@ class RunDirLock:
             holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
             raise ConfigError(
-                f"run directory {str(self.run_dir)!r} is in use by another `vime train` (pid {holder}); "
+                f"run directory {str(self.run_dir)!r} is in use by another vime process (`vime train` or "
+                f"`vime ui`, pid {holder}); "
                 f"wait for it, stop it (kill {holder}), or pass another --run-dir") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)

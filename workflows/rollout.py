@@ -69,6 +69,13 @@ class RolloutOutput:
     errors: int = 0  # samples that failed with an error of the model, the data or a hook (not infra)
     infra: int = 0  # samples that failed for infrastructure reasons (agent rollouts only: kept, not trained)
     first_error: str | None = None
+    # What the Web UI shows of the group (its workflow's memo): each sample's reward, status and
+    # the start of its prompt and response. The group's workflow takes it off before returning,
+    # so the training workflow's history never carries text.
+    preview: list[dict] | None = None
+
+
+MEMO_PREVIEW_PATCH = "memo-preview"  # groups recorded before the memo replay without it
 
 
 def rollout_workflow_id(run_id: str, position: int) -> str:
@@ -113,6 +120,9 @@ class RolloutWorkflow:
         if out.reward_mean is not None:
             updates.append(REWARD.value_set(out.reward_mean))
         workflow.upsert_search_attributes(updates)
+        if out.preview is not None and workflow.patched(MEMO_PREVIEW_PATCH):
+            workflow.upsert_memo({"samples": out.preview})
+        out.preview = None
         return out
 
     async def _generate(self, inp: RolloutInput) -> RolloutOutput:
