@@ -5,6 +5,7 @@ run too.)"""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -21,9 +22,10 @@ from vime.types import Sample
 RUN = "exp1"
 
 
-def vime(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "vime.cli", *argv], capture_output=True, text=True, timeout=120,
-                          cwd=REPO)
+def vime(*argv: str, pythonpath: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **({"PYTHONPATH": str(pythonpath)} if pythonpath else {})}
+    return subprocess.run([sys.executable, "-m", "vime.cli", *argv], capture_output=True, text=True, timeout=180,
+                          cwd=REPO, env=env)
 
 
 def sample(tokenizer, prompt: str, response: str, reward, *, status=Sample.Status.COMPLETED, metadata=None,
@@ -164,3 +166,37 @@ def test_report_is_one_self_contained_page_whose_plots_render_in_chromium(run_st
     pixels = np.asarray(Image.open(png).convert("RGB"), dtype=int)
     line_color = int((np.abs(pixels - [0x1F, 0x77, 0xB4]).max(axis=2) < 30).sum())
     assert line_color > 500, f"the plotted lines (#1f77b4) cover {line_color} pixels of the screenshot"
+
+
+def test_rescore_stores_new_rewards_beside_the_old_and_the_same_code_again_changes_nothing(
+        run_store, store_location, tmp_path):
+    (tmp_path / "hooks").mkdir()
+    (tmp_path / "hooks" / "length_reward.py").write_text(
+        "async def rm(args, sample):\n    return float(len(sample.response))\n")
+    (tmp_path / "hooks" / "broken_reward.py").write_text(
+        "async def rm(args, sample):\n    raise KeyError('answer')\n")
+    flags = [*run_store, "--run-dir", str(tmp_path / "rescore")] if "://" in store_location else run_store
+    if "://" in store_location:
+        (tmp_path / "rescore").mkdir()
+
+    def rewards() -> dict:
+        listed = json.loads(vime("samples", RUN, *run_store, "--json").stdout)["samples"]
+        return {s["key"]: s["reward"] for s in listed}
+
+    before = rewards()
+    done = vime("rescore", RUN, *flags, "--custom-rm-path", "length_reward.rm", "--json", pythonpath=tmp_path / "hooks")
+    assert done.returncode == 0, done.stderr
+    first = json.loads(done.stdout)
+    assert (first["samples"], first["written"], first["scored"]) == (6, 6, 6)
+    by_step = {s["step"]: s for s in first["steps"]}
+    assert by_step[0]["old_mean"] == 0.5 and by_step[0]["new_mean"] == len("1 2 3") / 2 + len("1 2") / 2
+    assert rewards() == before, "the samples' own rewards are not touched"
+
+    again = json.loads(vime("rescore", RUN, *flags, "--custom-rm-path", "length_reward.rm", "--json",
+                            pythonpath=tmp_path / "hooks").stdout)
+    assert (again["written"], again["scored"], again["steps"]) == (0, 6, first["steps"]), "the same code: a no-op"
+
+    failed = vime("rescore", RUN, *flags, "--custom-rm-path", "broken_reward.rm", pythonpath=tmp_path / "hooks")
+    line = one_error_line(failed)
+    assert "broken_reward.rm" in line and "KeyError" in line
+    assert rewards() == before

@@ -24,6 +24,7 @@ commands:
   show         one rollout or sample: prompt, response, tokens by loss mask, logprobs, turns, diff, failure
   report       one self-contained HTML page: metric plots, reward distribution, failures, notable rollouts
   ui           the Temporal Web UI on a finished (or stopped) run's history, until Ctrl-C
+  rescore      score a run's stored rollouts with new reward code (no sampling); old vs new per step
   tiny-model   build (or find in the cache) the tiny test model and print its directory
 
 `vime <command> --help` lists the flags, grouped (data, rollout, reward, training, ...,
@@ -96,6 +97,12 @@ def _ui(argv: list[str]) -> int:
     return ui_main(argv)
 
 
+def _rescore(argv: list[str]) -> int:
+    from vime.ops.rescore import rescore_main
+
+    return rescore_main(argv)
+
+
 def _tiny_model(argv: list[str]) -> int:
     from vime.testing.tiny_model import main
 
@@ -113,6 +120,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "show": _show,
     "report": _report,
     "ui": _ui,
+    "rescore": _rescore,
     "tiny-model": _tiny_model,
 }
 

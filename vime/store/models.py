@@ -156,3 +156,24 @@ class StepManifestRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     __table_args__ = (UniqueConstraint("run_id", "step"),)
+
+
+class RescoreRow(Base):
+    """A sample's reward under other reward code (`vime rescore`), beside its own `reward`.
+
+    `scorer` names the reward code (a hash of its source). Invariants: (run_id, scorer, key) is
+    unique and a row is never changed once written, so rescoring again with the same code writes
+    nothing; the sample row itself is never touched.
+    """
+
+    __tablename__ = "rescores"
+
+    id: Mapped[int] = mapped_column(RowId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(RUN_ID_LENGTH), ForeignKey("runs.run_id"))
+    scorer: Mapped[str] = mapped_column(String(64))
+    key: Mapped[str] = mapped_column(String(KEY_LENGTH))
+    reward: Mapped[float | None] = mapped_column(Double, nullable=True)
+    reward_json: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (UniqueConstraint("run_id", "scorer", "key"),)

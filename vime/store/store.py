@@ -35,6 +35,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from vime.errors import ConfigError
 from vime.store import codec
 from vime.store import queries as q
+from vime.store import rescores
 from vime.store.queries import StatusFilter, StepManifest, Turn
 from vime.store.engine import (
     DEFAULT_BUSY_TIMEOUT_S,
@@ -438,6 +439,23 @@ class SampleStore:
             return q.mark_trained(conn, run_id, keys, step)
 
         return self._write(work)
+
+    # ---- rescores ---------------------------------------------------------------------------
+
+    def write_rescores(self, run_id: str, scorer: str, rewards: Mapping[str, float | dict[str, Any]]) -> int:
+        """Store `rewards` (by sample key) as `scorer`'s, beside the samples' own rewards; keys
+        `scorer` already scored keep their first reward. Returns how many were new."""
+        return self._write(lambda conn: rescores.write(conn, run_id, scorer, rewards))
+
+    def read_sample_page(self, run_id: str, after_id: int = 0, limit: int = 256) -> list[tuple[int, str, Sample]]:
+        """The run's samples in write order, `limit` at a time: (row id, key, sample) after row
+        `after_id` (pass the last row id of the previous page)."""
+        return self._read(lambda conn: rescores.page(conn, run_id, after_id, limit))
+
+    def rescore_summary(self, run_id: str, scorer: str) -> tuple[int, list[rescores.RescoreStep]]:
+        """How many samples `scorer` scored, and each trained step's old and new mean reward."""
+        return self._read(lambda conn: (rescores.scored_keys(conn, run_id, scorer),
+                                        rescores.summary(conn, run_id, scorer)))
 
     # ---- trajectory turns -----------------------------------------------------------------
 
