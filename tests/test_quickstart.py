@@ -45,9 +45,14 @@ def test_the_quickstart_raises_mean_reward_to_0_9_within_10_minutes(training_ser
     assert result.stdout.count("] step ") == 24
 
     # after it ended, from its directory alone: the run, its samples, one rollout
+    (tmp_path / "hooks").mkdir()
+    (tmp_path / "hooks" / "shorter_is_better.py").write_text(
+        "async def rm(args, sample):\n    return 1.0 / (1 + sample.response_length)\n")
+    hooks_env = {**env, "PYTHONPATH": str(tmp_path / "hooks")}
+
     def vime(*argv: str) -> str:
         done = subprocess.run([sys.executable, "-m", "vime.cli", *argv, "--run-dir", str(run_dir)],
-                              capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+                              capture_output=True, text=True, cwd=REPO, env=hooks_env, timeout=300)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -59,3 +64,9 @@ def test_the_quickstart_raises_mean_reward_to_0_9_within_10_minutes(training_ser
     assert [m["step"] for m in read_metrics(run_dir)] == list(range(24)), "metrics.jsonl: one line per step"
     assert "(24 steps, " in vime("report", "quickstart")
     assert 'aria-label="Mean reward"' in (run_dir / "report.html").read_text()
+    before = vime("samples", "quickstart", "--json", "--limit", "0")
+    rescored = json.loads(vime("rescore", "quickstart", "--custom-rm-path", "shorter_is_better.rm", "--json"))
+    assert rescored["written"] == rescored["samples"] == json.loads(before)["total"] and len(rescored["steps"]) == 24
+    assert vime("samples", "quickstart", "--json", "--limit", "0") == before, "rescore changes no stored sample"
+    again = json.loads(vime("rescore", "quickstart", "--custom-rm-path", "shorter_is_better.rm", "--json"))
+    assert again["written"] == 0 and again["steps"] == rescored["steps"], "the same code again: a no-op"
