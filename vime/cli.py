@@ -6,6 +6,7 @@ A `VimeError` ends the command with one line naming what to fix, and exit code 2
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable
 
@@ -67,40 +68,11 @@ def _config(argv: list[str]) -> int:
     return main(parse_args(argv))
 
 
-def _runs(argv: list[str]) -> int:
-    from vime.ops.commands import runs_main
-
-    return runs_main(argv)
-
-
-def _samples(argv: list[str]) -> int:
-    from vime.ops.commands import samples_main
-
-    return samples_main(argv)
-
-
-def _show(argv: list[str]) -> int:
-    from vime.ops.commands import show_main
-
-    return show_main(argv)
-
-
-def _report(argv: list[str]) -> int:
-    from vime.ops.commands import report_main
-
-    return report_main(argv)
-
-
-def _ui(argv: list[str]) -> int:
-    from vime.ops.ui import ui_main
-
-    return ui_main(argv)
-
-
-def _rescore(argv: list[str]) -> int:
-    from vime.ops.rescore import rescore_main
-
-    return rescore_main(argv)
+def _operate(module: str, function: str) -> Callable[[list[str]], int]:
+    """A command that reads or operates a run (vime.ops): its own flags, imported when called."""
+    def command(argv: list[str]) -> int:
+        return getattr(importlib.import_module(module), function)(argv)
+    return command
 
 
 def _tiny_model(argv: list[str]) -> int:
@@ -115,12 +87,12 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "sft": _sft,
     "engine": _engine,
     "config": _config,
-    "runs": _runs,
-    "samples": _samples,
-    "show": _show,
-    "report": _report,
-    "ui": _ui,
-    "rescore": _rescore,
+    "runs": _operate("vime.ops.commands", "runs_main"),
+    "samples": _operate("vime.ops.commands", "samples_main"),
+    "show": _operate("vime.ops.commands", "show_main"),
+    "report": _operate("vime.ops.commands", "report_main"),
+    "ui": _operate("vime.ops.ui", "ui_main"),
+    "rescore": _operate("vime.ops.rescore", "rescore_main"),
     "tiny-model": _tiny_model,
 }
 
