@@ -15,16 +15,19 @@ time: from the fault to the next step that finished.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
 
 from tests.conftest import engine_flags
-from tests.runs import STEP_LINE, TrainRun
+from tests.runs import REPO, STEP_LINE, TrainRun
 
 pytestmark = pytest.mark.vllm
 
@@ -109,9 +112,9 @@ def test_a_run_survives_each_of_its_parts_dying(tiny_model_dir, tmp_path, capsys
 def test_kill_9_of_the_launcher_then_ctrl_c_three_times_and_the_run_resumes_each_time(
         training_server, tiny_model_dir, tmp_path, capsys):
     # Each rerun is stopped as soon as it printed a step. Steps of this tiny run take ~0.3 s, and
-    # the steps in hand when Ctrl-C comes finish while the workers shut down (up to 4 in one CI
-    # run): 20 steps leave the final rerun some to train.
-    run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), steps=20)
+    # the steps in hand when Ctrl-C comes finish while the workers shut down (up to 4 in a run
+    # under load): 24 steps leave the final rerun some to train.
+    run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), steps=24)
     try:
         run.start()
         run.wait_for_step(2, STEP_TIMEOUT)
@@ -124,6 +127,9 @@ def test_kill_9_of_the_launcher_then_ctrl_c_three_times_and_the_run_resumes_each
             run.start()
             took = run.wait_for(lambda: STEP_LINE.search(run.output(run.launches)), STEP_TIMEOUT, "a step")
             report(capsys, f"rerun {run.launches - 1}: its first step finished {took:.1f} s after the command")
+            if run.launches == 2:  # `vime status` asks the running workflow (it takes ~2 s: once)
+                live = json.loads(vime_status(run))
+                assert live["source"] == "workflow" and live["workflow"] == "running" and live["step"] >= 1, live
             assert run.stop(signal.SIGINT) == 130, run.tail()
             stopped = run.output(run.launches)
             assert "resume with:" in stopped and "Traceback" not in stopped, stopped[-3000:]
@@ -142,5 +148,14 @@ def test_kill_9_of_the_launcher_then_ctrl_c_three_times_and_the_run_resumes_each
         assert left <= trained_now <= left + 1
         run.assert_trained_exactly_once()
         run.assert_nothing_left()
+        ended = json.loads(vime_status(run))
+        assert (ended["source"], ended["state"], ended["step"]) == ("store", "finished", run.steps), ended
     finally:
         run.kill_all()
+
+
+def vime_status(run: TrainRun) -> str:
+    done = subprocess.run([sys.executable, "-m", "vime.cli", "status", run.run_id, "--run-dir", str(run.run_dir),
+                           "--json"], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    return done.stdout

@@ -24,6 +24,7 @@ commands:
   samples      a run's stored samples: step, reward, status, policy version, failure, response preview
   show         one rollout or sample: prompt, response, tokens by loss mask, logprobs, turns, diff, failure
   report       one self-contained HTML page: metric plots, reward distribution, failures, notable rollouts
+  status       where a run stands: live from its workflow while it runs, else from its store
   ui           the Temporal Web UI on a finished (or stopped) run's history, until Ctrl-C
   rescore      score a run's stored rollouts with new reward code (no sampling); old vs new per step
   tiny-model   build (or find in the cache) the tiny test model and print its directory
@@ -92,6 +93,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "show": _operate("vime.ops.commands", "show_main"),
     "report": _operate("vime.ops.commands", "report_main"),
     "ui": _operate("vime.ops.ui", "ui_main"),
+    "status": _operate("vime.ops.status", "status_main"),
     "rescore": _operate("vime.ops.rescore", "rescore_main"),
     "tiny-model": _tiny_model,
 }

@@ -45,7 +45,7 @@ from vime.errors import VimeError
 from vime.follow import Follower
 from vime.log import get_logger
 from vime.preflight import preflight
-from vime.rundir import RunDirLock
+from vime.rundir import RunDirLock, remove_launch_info, write_launch_info
 from vime.store import SampleStore
 from vime.recovery import recover_from_earlier_launch
 from vime.supervisor import LAUNCH_ID, Supervisor, WorkerProcess
@@ -211,12 +211,15 @@ class Launch:
                 return await self._serve()
             finally:
                 live_weights.remove(run_dir)
+                remove_launch_info(run_dir)
 
     async def _serve(self) -> TrainingState:
         args, run_dir = self.args, self.run_dir
         async with temporal_service(args.temporal_address, run_dir=run_dir, namespace=args.temporal_namespace) as svc:
             print(f"[vime] run {args.run_id} in {run_dir}; Temporal {svc.address}"
                   + (f", Web UI {svc.ui_url}" if svc.ui_url else ""), flush=True)
+            write_launch_info(run_dir, temporal=svc.address, namespace=args.temporal_namespace, ui=svc.ui_url,
+                              run_id=args.run_id)
             done = await finished_state(svc.client, args)
             if done is not None:
                 self._summarize(done)

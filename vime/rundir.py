@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 from pathlib import Path
 
@@ -56,3 +57,31 @@ class RunDirLock:
                 os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing releases the flock
             self._fd = None
+
+
+LAUNCH_INFO = "launch.json"
+
+
+def write_launch_info(run_dir: str | Path, **info: object) -> None:
+    """Where the live launch serves the run (its Temporal, its Web UI), for `vime status`.
+    Written whole (rename), removed when the launch ends; a killed launch's file is ignored by
+    `read_launch_info` because its pid is gone."""
+    path = Path(run_dir) / LAUNCH_INFO
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"pid": os.getpid(), **info}))
+    tmp.replace(path)
+
+
+def remove_launch_info(run_dir: str | Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        (Path(run_dir) / LAUNCH_INFO).unlink()
+
+
+def read_launch_info(run_dir: str | Path) -> dict | None:
+    """The live launch's info; None when no launch of the run is running."""
+    try:
+        info = json.loads((Path(run_dir) / LAUNCH_INFO).read_text())
+        os.kill(int(info["pid"]), 0)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return info

@@ -36,6 +36,7 @@ def ui_main(argv: list[str]) -> int:
                           "Temporal (--temporal-address); open that server's UI instead, or pass the run's --run-dir")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where a shell started us ignoring it
     with RunDirLock(run_dir), TemporalDevServer(run_dir, ui_port=args.ui_port) as server:
         url = runs_url(server.ui_url, args.run)
         print(f"[vime] Web UI for run {args.run}: {url} (Temporal at {server.address})" if not args.json

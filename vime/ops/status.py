@@ -1,0 +1,86 @@
+"""`vime status RUN`: where a run stands. Live from its training workflow's `progress` query while
+a launch of it runs (the launch's Temporal, from `<run-dir>/launch.json`) or at `--temporal-address`;
+from the store once it has ended or stopped (with the command that resumes it)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+
+from temporalio.service import RPCError
+
+from vime.errors import ServiceError, VimeError
+from vime.ops.commands import run_parser
+from vime.ops.locate import open_existing, run_dir_of, store_for
+from vime.ops.queries import run_summaries
+from vime.rundir import read_launch_info
+from vime.temporal.client import connect
+
+QUERY_TIMEOUT_S = 10
+
+
+async def live_progress(address: str, namespace: str, run_id: str) -> dict:
+    client = await connect(address, namespace)
+    handle = client.get_workflow_handle(f"train-{run_id}")
+    described = await handle.describe()
+    if described.status.name != "RUNNING":
+        return {"workflow": described.status.name.lower()}
+    try:  # answered by a worker of the run: none when no launch (or worker pool) is up
+        progress = await handle.query("progress", rpc_timeout=timedelta(seconds=QUERY_TIMEOUT_S))
+    except RPCError as e:
+        raise ServiceError(f"the run's workflow is running but no worker answered ({e.message}); is a launch of "
+                           "it running?") from None
+    return {"workflow": "running", **progress}
+
+
+def status_main(argv: list[str]) -> int:
+    parser = run_parser("vime status", "Where a run stands: live from its workflow while it runs, else from its "
+                        "store.")
+    parser.add_argument("--temporal-address", help="the Temporal the run lives in (default: its running launch's)")
+    parser.add_argument("--temporal-namespace", default="default")
+    args = parser.parse_args(argv)
+    run_dir = run_dir_of(args.run, args.run_dir)
+    launch = read_launch_info(run_dir)
+    address = args.temporal_address or (launch or {}).get("temporal")
+    status: dict = {"run_id": args.run, "launch_pid": (launch or {}).get("pid"), "ui": (launch or {}).get("ui")}
+    if address:
+        try:
+            live = asyncio.run(live_progress(address, (launch or {}).get("namespace", args.temporal_namespace),
+                                             args.run))
+            status.update(live)
+            if "step" in live:  # running: its own numbers; ended: the store's
+                status["source"] = "workflow"
+        except (VimeError, RuntimeError, RPCError) as e:  # unreachable, no such workflow, no worker: the store says
+            status["live_error"] = str(e).splitlines()[0]
+    if "source" not in status:
+        with open_existing(store_for(args)) as store:
+            summary = next((s for s in run_summaries(store) if s.run_id == args.run), None)
+        if summary is None:
+            status.update(source="store", state="unknown run")
+        else:
+            status.update(source="store", step=summary.steps_trained, num_rollout=summary.num_rollout,
+                          state=summary.progress if summary.progress == "finished" else "stopped",
+                          last_reward=summary.last_reward)
+    if args.json:
+        print(json.dumps(status, indent=1, default=str))
+        return 0
+    print(_line(status))
+    return 0
+
+
+def _line(s: dict) -> str:
+    where = f"step {s.get('step', '?')}/{s.get('num_rollout', '?')}"
+    if s["source"] == "workflow":
+        last = (s.get("metrics") or [{}])[-1] if s.get("metrics") else {}
+        reward = last.get("reward_mean")
+        return (f"run {s['run_id']}: {s['workflow']}, {where}, phase {s.get('phase')}, policy version "
+                f"{s.get('weight_version')}" + (f", last reward {reward:.3f}" if reward is not None else "")
+                + (f", checkpoint {s['checkpoint']}" if s.get("checkpoint") else "")
+                + (f"; Web UI {s['ui']}" if s.get("ui") else ""))
+    if s.get("state") == "unknown run":
+        return f"run {s['run_id']}: not in the store; `vime runs` lists the runs"
+    reward = s.get("last_reward")
+    return (f"run {s['run_id']}: {s['state']} at {where} (no launch running)"
+            + (f", last reward {reward:.3f}" if reward is not None else "")
+            + ("" if s["state"] == "finished" else "; the same `vime train` command resumes it"))
