@@ -163,6 +163,11 @@ class EngineClient:
         self._session: aiohttp.ClientSession | None = None
         self._last_progress = time.monotonic()
 
+    @property
+    def last_progress(self) -> float:
+        """`time.monotonic()` when any stream of this client last received bytes (or began)."""
+        return self._last_progress
+
     async def __aenter__(self) -> EngineClient:
         return self
 
