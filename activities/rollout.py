@@ -29,6 +29,7 @@ from vime.rollout.data_source import make_data_source
 from vime.rollout.filters import apply_dynamic_filter
 from vime.rollout.generate import router_url
 from vime.rollout.group import run_group
+from vime.sample_summary import failure_of, preview
 from vime.store import SampleStore
 from vime.types import Sample
 from workflows.rollout import RolloutInput, RolloutOutput, RolloutStepInput, RolloutStepOutput
@@ -63,19 +64,14 @@ def summarize(position: int, ids: list[str], results: list[list[Sample]], keep: 
 
 def _preview(ids: list[str], results: list[list[Sample]]) -> list[dict]:
     shown = [(f"{rid}/{i}", s) for rid, rollout in zip(ids, results) for i, s in enumerate(rollout)]
-    return [{"sample": key, "reward": s.reward if isinstance(s.reward, int | float) else None,
-             "status": s.status.value, "prompt": _short(s.prompt, PREVIEW_PROMPT_CHARS),
-             "response": _short(s.response, PREVIEW_RESPONSE_CHARS),
-             **({"failure": str(s.metadata.get("infra_failure") or s.metadata.get("error"))[:200]}
-                if (s.metadata or {}).get("infra_failure") or (s.metadata or {}).get("error") else {})}
-            for key, s in shown[:PREVIEW_SAMPLES]]
-
-
-def _short(text, limit: int) -> str:
-    if not isinstance(text, str):  # chat messages: the last one's content
-        text = str(text[-1].get("content", "")) if isinstance(text, list) and text and isinstance(text[-1], dict) \
-            else str(text)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    previews = []
+    for key, s in shown[:PREVIEW_SAMPLES]:
+        failure, cause = failure_of(s.status.value, s.metadata or {})
+        previews.append({"sample": key, "reward": s.reward if isinstance(s.reward, int | float) else None,
+                         "status": s.status.value, "prompt": preview(s.prompt, PREVIEW_PROMPT_CHARS),
+                         "response": preview(s.response, PREVIEW_RESPONSE_CHARS),
+                         **({"failure": f"{failure}: {cause}"[:200]} if failure else {})})
+    return previews
 
 
 def _infra_cause(results: list[list[Sample]]) -> tuple[int, str] | None:

@@ -17,6 +17,7 @@ from temporalio.client import Client
 from tests.conftest import engine_flags
 from tests.runs import REPO, TrainRun
 from tests.test_ops import chromium_binary
+from vime.sample_summary import preview
 from vime.store import SampleStore
 
 pytestmark = pytest.mark.vllm
@@ -50,12 +51,12 @@ def test_the_web_ui_shows_a_rollouts_response_after_the_run(training_server, tin
         shown = asyncio.run(described.memo())["samples"][0]
         with SampleStore.open(run.run_dir) as store:
             (sample,) = store.read_samples(run.run_id, [shown["sample"]])
-        assert shown["response"] == sample.response[:320] and shown["reward"] == sample.reward
+        assert shown["response"] == preview(sample.response, 320) and shown["reward"] == sample.reward
         assert sample.response.strip(), "a response to look for"
 
         ui_root = served["ui"].split("/namespaces/")[0]
         page = f"{ui_root}/namespaces/default/workflows/{group}/{described.run_id}/memo"  # the Memo tab
-        wanted = (json.dumps(sample.response)[1:-1][:40], sample.response.strip()[:40])
+        wanted = (json.dumps(shown["response"])[1:-1][:40], shown["response"][:40])
         for budget_ms in (20_000, 60_000, 120_000):  # a loaded machine may render the app late: wait longer
             dom = rendered_dom(page, tmp_path, budget_ms)
             if any(text in dom for text in wanted):

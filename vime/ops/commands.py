@@ -102,8 +102,7 @@ def show_main(argv: list[str]) -> int:
     with open_existing(store_for(args)) as store:
         shown = load(store, args.run, args.key)
         tokenizer = run_tokenizer(store, args.run)
-    texts = [token_texts(tokenizer, s.sample.tokens[len(s.sample.tokens) - s.sample.response_length:]
-                         if s.sample.response_length else []) for s in shown]
+    texts = [token_texts(tokenizer, s.sample.response_tokens) for s in shown]
     if args.json:
         print(json.dumps([s.to_dict(t) for s, t in zip(shown, texts, strict=True)], indent=1, default=str))
         return 0

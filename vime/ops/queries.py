@@ -13,6 +13,7 @@ from sqlalchemy import and_, case, distinct, func, select, text
 from sqlalchemy.exc import DBAPIError
 
 from vime.errors import ConfigError
+from vime.sample_summary import failure_of, preview, versions_text
 from vime.store import SampleStore
 from vime.store.models import RunRow, SampleRow
 
@@ -128,35 +129,3 @@ def _line(r) -> SampleLine:
                       reward=r.reward if r.reward is not None else r.reward_json, status=r.status,
                       version=versions_text(r.weight_versions), length=r.response_length, failure=failure,
                       cause=cause, preview=preview(r.response))
-
-
-def failure_of(status: str, metadata: dict) -> tuple[str, str]:
-    """The kind of failure and its cause: infrastructure (vLLM, sandbox, timeouts: the rollout
-    is retried or weighted out), an error of the model's output or the user's hooks, or an
-    aborted/truncated generation."""
-    if metadata.get("infra_failure"):
-        return "infra", str(metadata["infra_failure"])
-    if metadata.get("error"):
-        source = metadata.get("error_source")
-        return (f"error ({source})" if source else "error"), str(metadata["error"])
-    grade = metadata.get("grade")
-    if isinstance(grade, dict) and grade.get("outcome") and grade["outcome"] != "passed":
-        return f"grade: {grade.get('outcome')}", str(grade.get("reason") or "")
-    if status in ("failed", "aborted", "truncated"):
-        return status, ""
-    return "", ""
-
-
-def versions_text(weight_versions: list) -> str:
-    """`3`, or `3-4` when the response spans a weight update (an agent session)."""
-    found = []
-    for entry in weight_versions or []:
-        version = entry.get("version") if isinstance(entry, dict) else entry
-        if version is not None and str(version) not in found:
-            found.append(str(version))
-    return "-".join(found) if found else "?"
-
-
-def preview(response: str, width: int = 60) -> str:
-    flat = " ".join((response or "").split())
-    return flat if len(flat) <= width else flat[: width - 1] + "…"

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from vime.ops.queries import failure_of, preview
+from vime.sample_summary import failure_of, preview
 from vime.store import SampleStore
 from vime.store.models import RunRow, SampleRow
 

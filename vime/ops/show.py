@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import select
 
 from vime.errors import ConfigError
-from vime.ops.queries import failure_of, versions_text
+from vime.sample_summary import failure_of, versions_text
 from vime.store import MissingSampleError, SampleStore
 from vime.store.models import RunRow, SampleRow
 from vime.types import Sample
@@ -33,7 +33,7 @@ class ShownSample:
     def to_dict(self, tokens: list[str] | None) -> dict[str, Any]:
         s = self.sample
         failure, cause = failure_of(s.status.value, s.metadata or {})
-        response_ids = s.tokens[len(s.tokens) - s.response_length:] if s.response_length else []
+        response_ids = s.response_tokens
         return {"key": self.key, "rollout_id": str(s.rollout_id), "status": s.status.value, "reward": s.reward,
                 "trained_step": self.step, "weight_versions": s.weight_versions, "failure": failure, "cause": cause,
                 "prompt": s.prompt, "response": s.response, "label": s.label,
@@ -92,7 +92,7 @@ def render(shown: ShownSample, tokens: list[str] | None, *, color: bool, token_t
     if failure:
         lines.append(c(BOLD, "failure: ") + failure + (f": {cause}" if cause else ""))
     lines += ["", c(BOLD, "── prompt ──"), _prompt_text(s.prompt)]
-    response_ids = s.tokens[len(s.tokens) - s.response_length:] if s.response_length else []
+    response_ids = s.response_tokens
     mask = s.loss_mask if s.loss_mask is not None else [1] * len(response_ids)
     lines += ["", c(BOLD, f"── response ({len(response_ids)} tokens, {sum(mask)} trained"
                     + (": green trained, grey masked" if color else "") + ") ──")]
@@ -114,7 +114,7 @@ def render(shown: ShownSample, tokens: list[str] | None, *, color: bool, token_t
     meta = s.metadata or {}
     if meta.get("turns"):
         lines += ["", c(BOLD, f"── turns ({len(meta['turns'])}) ──")]
-        prompt_length = len(s.tokens) - s.response_length  # turns count from the segment's start
+        prompt_length = s.prompt_length  # turns count from the segment's start
         lines += [f"{i}: response tokens {t['start'] - prompt_length}-{t['end'] - prompt_length}, "
                   f"{t.get('finish_reason')}" for i, t in enumerate(meta["turns"])]
     if meta.get("diff"):
