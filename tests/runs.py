@@ -32,6 +32,21 @@ PROCESS_MARKERS = {
 }
 
 
+def run_process(run_dir: Path, kind: str) -> int:
+    """The pid of the `kind` process a command started for `run_dir` (not its guard)."""
+    marker = PROCESS_MARKERS[kind].encode()
+    for pid in leftover_processes(run_dir):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"vime.procguard" in cmd:
+            continue
+        if any(marker in part for part in cmd):
+            return pid
+    raise AssertionError(f"no {kind} process of {run_dir} is running")
+
+
 def write_prompts(path: Path, count: int = 16) -> Path:
     path.write_text("".join(json.dumps({"prompt": f"count to {i}", "label": "1"}) + "\n" for i in range(count)))
     return path
@@ -126,18 +141,7 @@ class TrainRun:
         return self.wait_for(lambda: self.steps_done() >= step, timeout, f"step {step}")
 
     def pid(self, kind: str) -> int:
-        """The pid of the run's `kind` process (not its guard)."""
-        marker = PROCESS_MARKERS[kind].encode()
-        for pid in leftover_processes(self.run_dir):
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"vime.procguard" in cmd:
-                continue
-            if any(marker in part for part in cmd):
-                return pid
-        raise AssertionError(f"no {kind} process of {self.run_dir} is running")
+        return run_process(self.run_dir, kind)
 
     # ---- checking --------------------------------------------------------------------------
 

@@ -7,13 +7,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.runs import run_process
 from tests.test_cli import REPO, one_error_line
 from vime.metrics_log import MetricsLog, read_metrics
 from vime.store import SampleStore
@@ -200,3 +203,34 @@ def test_rescore_stores_new_rewards_beside_the_old_and_the_same_code_again_chang
     line = one_error_line(failed)
     assert "broken_reward.rm" in line and "KeyError" in line
     assert rewards() == before
+
+
+def test_rescore_restarts_the_run_s_temporal_when_it_dies_and_finishes(run_store, store_location, tmp_path):
+    """kill -9 of the dev server `vime rescore` started, mid-page: it is restarted on the same
+    port and file, and the rescore finishes with every sample scored once."""
+    if "://" in store_location:
+        run_dir = tmp_path / "rescore"
+        run_dir.mkdir()
+        flags = [*run_store, "--run-dir", str(run_dir)]
+    else:
+        run_dir, flags = Path(store_location), run_store
+    (tmp_path / "hooks").mkdir()
+    (tmp_path / "hooks" / "slow_reward.py").write_text(
+        "import asyncio\nasync def rm(args, sample):\n    await asyncio.sleep(8)\n    return 2.0\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "hooks")}
+    command = subprocess.Popen([sys.executable, "-m", "vime.cli", "rescore", RUN, *flags, "--custom-rm-path",
+                                "slow_reward.rm", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, cwd=REPO, env=env)
+    deadline = time.monotonic() + 60
+    log = run_dir / "temporal.log"
+    while not log.exists() or "Temporal Server" not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline and command.poll() is None, command.stderr.read()
+        time.sleep(0.2)
+    time.sleep(3)  # the page is being scored (8 s)
+    assert command.poll() is None, command.stderr.read()
+    os.kill(run_process(run_dir, "temporal"), signal.SIGKILL)
+    out, err = command.communicate(timeout=300)
+    assert command.returncode == 0, err[-3000:]
+    assert "Temporal dev server died; restarting it" in out + err
+    done = json.loads(out[out.index("{\n"):])  # after the restart line
+    assert (done["samples"], done["written"], done["scored"]) == (6, 6, 6)

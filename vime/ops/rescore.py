@@ -15,16 +15,18 @@ import hashlib
 import inspect
 import json
 import logging
-from contextlib import AsyncExitStack, contextmanager
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import select
 from temporalio.client import WorkflowFailureError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 
 from activities.rescore import RescoreActivities
-from vime.errors import ConfigError
+from vime.errors import ConfigError, ServiceError
 from vime.ops.commands import run_parser, table
 from vime.ops.locate import open_existing, run_dir_of, store_for
 from vime.plugins import load_function
@@ -33,6 +35,9 @@ from vime.store.models import RunRow
 from vime.temporal.client import connect
 from vime.temporal.dev_server import TemporalDevServer
 from workflows.rescore import RESCORE_TASK_QUEUE, RescoreInput, RescoreOutput, RescoreWorkflow
+
+
+REVIVE_SECONDS = 300  # how long a lost dev server is restarted and waited for
 
 
 def scorer_of(path: str) -> str:
@@ -64,9 +69,13 @@ def rescore_main(argv: list[str]) -> int:
             config = conn.execute(select(RunRow.config).where(RunRow.run_id == args.run)).scalar_one_or_none()
         if config is None:
             raise ConfigError(f"run {args.run!r} is not in {store.url}; `vime runs` lists the runs")
-        with _temporal(args, run_dir) as address:
-            out = asyncio.run(_rescore(address, store, config, RescoreInput(
-                args.run, scorer, args.custom_rm_path, args.group_rm)))
+        with _temporal(args, run_dir) as (address, server):
+            try:
+                out = asyncio.run(_rescore(address, server, store, config, RescoreInput(
+                    args.run, scorer, args.custom_rm_path, args.group_rm)))
+            except RPCError as e:  # a --temporal-address that went away: what is stored stays stored
+                raise ServiceError(f"lost Temporal at {address} ({e.message}); the pages scored so far are "
+                                   "stored: run the same command to go on") from None
         scored, steps = store.rescore_summary(args.run, scorer)
     if args.json:
         print(json.dumps({"scorer": scorer, "samples": out.samples, "written": out.written, "scored": scored,
@@ -83,29 +92,46 @@ def rescore_main(argv: list[str]) -> int:
 @contextmanager
 def _temporal(args, run_dir: Path):
     if args.temporal_address:
-        yield args.temporal_address
+        yield args.temporal_address, None
         return
     if not run_dir.is_dir():
         raise ConfigError(f"no run directory {str(run_dir)!r} for the run's Temporal; pass --run-dir or "
                           "--temporal-address")
     with RunDirLock(run_dir), TemporalDevServer(run_dir, headless=True) as server:
-        yield server.address
+        yield server.address, server
 
 
-async def _rescore(address: str, store, config: dict, inp: RescoreInput) -> RescoreOutput:
+async def _revive(server: TemporalDevServer) -> None:
+    """Restart the run's dev server if it died (same port and file: the client and the worker
+    reconnect, the workflow goes on), as `vime train` does; else give it a moment."""
+    if server.alive():
+        await asyncio.sleep(1.0)
+        return
+    print(f"[vime] the run's Temporal dev server died; restarting it (log: {server.log_path})", flush=True)
+    await asyncio.to_thread(server.restart)
+
+
+async def _rescore(address: str, server: TemporalDevServer | None, store, config: dict,
+                   inp: RescoreInput) -> RescoreOutput:
     client = await connect(address, identity=f"vime-rescore-{inp.run_id}")
     acts = RescoreActivities(store, config)
-    async with AsyncExitStack() as stack:
-        await stack.enter_async_context(Worker(client, task_queue=RESCORE_TASK_QUEUE, workflows=[RescoreWorkflow],
-                                               activities=[acts.rescore_page]))
-        try:
-            return await client.execute_workflow(
-                RescoreWorkflow.run, inp, id=f"rescore-{inp.run_id}-{inp.scorer}", task_queue=RESCORE_TASK_QUEUE,
-                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
-        except WorkflowFailureError as e:
-            cause = e.cause
-            while getattr(cause, "cause", None) is not None:
-                cause = cause.cause
-            raise ConfigError(f"rescore of run {inp.run_id!r} failed: {getattr(cause, 'message', None) or cause}") \
-                from None
+    async with Worker(client, task_queue=RESCORE_TASK_QUEUE, workflows=[RescoreWorkflow],
+                      activities=[acts.rescore_page]):
+        deadline = time.monotonic() + REVIVE_SECONDS
+        while True:
+            try:
+                handle = await client.start_workflow(
+                    RescoreWorkflow.run, inp, id=f"rescore-{inp.run_id}-{inp.scorer}", task_queue=RESCORE_TASK_QUEUE,
+                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
+                return await handle.result()
+            except RPCError:
+                if server is None or time.monotonic() > deadline:
+                    raise
+                await _revive(server)
+            except WorkflowFailureError as e:
+                cause = e.cause
+                while getattr(cause, "cause", None) is not None:
+                    cause = cause.cause
+                raise ConfigError(f"rescore of run {inp.run_id!r} failed: "
+                                  f"{getattr(cause, 'message', None) or cause}") from None
