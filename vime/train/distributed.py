@@ -34,6 +34,19 @@ def init_distributed() -> torch.device:
     return torch.device("cpu")
 
 
+def shutdown() -> None:
+    """Leave the process group on every rank together (a barrier, then destroy).
+
+    A rank that exits with its group alive can abort in the gloo/NCCL threads' teardown
+    ("terminate called without an active exception", exit -6) while the others still talk to it.
+    """
+    if not dist.is_initialized():
+        return
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 

@@ -60,11 +60,14 @@ class TrainerGroup:
         while True:
             name, payload = dist_utils.broadcast_object(None)
             if name == "stop":
+                dist_utils.shutdown()
                 return
             getattr(self, name)(*payload)
 
     def stop(self) -> None:
+        """Rank 0: release the followers, then leave the process group with them."""
         dist_utils.broadcast_object(("stop", ()))
+        dist_utils.shutdown()
 
     # ---- commands ----------------------------------------------------------------------------
 
