@@ -29,6 +29,7 @@ from vime.rollout.data_source import make_data_source
 from vime.rollout.filters import apply_dynamic_filter
 from vime.rollout.generate import router_url
 from vime.rollout.group import run_group
+from vime.run_args import RunArgs
 from vime.sample_summary import failure_of, preview
 from vime.store import SampleStore
 from vime.types import Sample
@@ -86,24 +87,32 @@ async def wait_for_engine(url: str, timeout: float = ENGINE_WAIT_S) -> bool:
 
 
 class RolloutActivities:
+    """Generation for any run: each call reads its run's config by run id (`vime.run_args`)."""
+
     def __init__(self, args: Any, store: SampleStore) -> None:
-        self.args = args
+        self.runs = RunArgs(args, store.run_argv)
         self.store = store
-        self.data_source = make_data_source(args)
+
+    async def _run(self, run_id: str) -> tuple[Any, Any]:
+        """The run's args and data source (read and built in a store thread: files, the store)."""
+        def load():
+            return self.runs.args(run_id), self.runs.derived(run_id, "data_source", make_data_source)
+        return await store_call(load)
 
     @activity.defn(name="generate_group")
     @final_config_errors
     async def generate_group(self, inp: RolloutInput) -> RolloutOutput:
-        group = self.data_source.prompt_group(inp.position)
+        args, data_source = await self._run(inp.run_id)
+        group = data_source.prompt_group(inp.position)
         ids = [str(slot.index) for slot in group]  # the slot's id is the rollout's idempotency key
         stored = await store_call(self._stored, inp.run_id, ids)
         if stored is not None:  # a retry of a group that was written: answer from the store
             return self._output(inp.position, ids, stored)
 
         async with heartbeating():
-            results = await run_group(self.args, group, evaluation=inp.evaluation)
-            await self._retry_if_infra(results, f"group {inp.position}")
-        keep, reason = apply_dynamic_filter(self.args, [s for r in results for s in r])
+            results = await run_group(args, group, evaluation=inp.evaluation)
+            await self._retry_if_infra(args, results, f"group {inp.position}")
+        keep, reason = apply_dynamic_filter(args, [s for r in results for s in r])
         for rid, siblings in zip(ids, results):
             for s in siblings:
                 s.rollout_id = rid
@@ -121,12 +130,13 @@ class RolloutActivities:
         deterministic ids (`s<step>-g<group>-<i>` where the function set none), so a retried
         step stores each rollout once. The data source's buffer does not outlive the activity.
         """
-        fn = load_hook(self.args, "rollout_function_path")
-        source = make_data_source(self.args)
+        args, _ = await self._run(inp.run_id)
+        fn = load_hook(args, "rollout_function_path")
+        source = make_data_source(args)
         source.load_state_dict({"position": inp.position})
         async with heartbeating():
-            groups = await call_hook_async(fn, self.args, inp.step, source, evaluation=False)
-            await self._retry_if_infra([list(g) for g in groups], f"rollout step {inp.step}")
+            groups = await call_hook_async(fn, args, inp.step, source, evaluation=False)
+            await self._retry_if_infra(args, [list(g) for g in groups], f"rollout step {inp.step}")
         outputs = []
         for g, group in enumerate(groups):
             by_rollout: dict[str, list[Sample]] = {}
@@ -149,14 +159,14 @@ class RolloutActivities:
         verdict = results[0][0].metadata.get("filter", {}) if results and results[0] else {}
         return summarize(position, ids, results, bool(verdict.get("keep", True)), verdict.get("reason"))
 
-    async def _retry_if_infra(self, results: list[list[Sample]], what: str) -> None:
+    async def _retry_if_infra(self, args: Any, results: list[list[Sample]], what: str) -> None:
         """Store nothing of a group that hit an infrastructure failure: wait (bounded) for the
         engine to answer, then fail retryably so Temporal generates the group again."""
         infra = _infra_cause(results)
         if infra is None:
             return
         count, cause = infra
-        back = await wait_for_engine(router_url(self.args))
+        back = await wait_for_engine(router_url(args))
         raise ApplicationError(
             f"{what}: {count} of {sum(len(r) for r in results)} samples hit an infrastructure failure ({cause}); "
             f"nothing stored, the group is generated again {'now' if back else 'when the engine answers'}",

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.errors import final_config_errors
 from activities.heartbeat import heartbeating
@@ -28,11 +29,13 @@ from vime.engine.health import wait_until_healthy
 from vime.engine.weight_sync import WeightSync, verify_sync
 from vime.errors import ServiceError
 from vime.log import get_logger
-from vime.train.group import TrainerGroup
-from workflows.training import AttachInput, SaveInput, SyncInput, TrainerInfo, TrainInput
+from vime.train.group import NotAttached, TrainerGroup
+from workflows.training import (TRAINER_BUSY, WORKER_LOST, AttachInput, PickInput, SaveInput, SyncInput,
+                                TrainerInfo, TrainInput)
 
 log = get_logger(__name__)
 
+LEASE_S = 900.0  # a run that has not called its trainer for this long (terminated) loses it
 SYNC_WAIT_S = 1800.0  # how long a sync waits for servers that are down (starting, restarting)
 
 
@@ -47,29 +50,69 @@ def engine_urls(args: Any) -> list[str]:
 
 
 class TrainerActivities:
-    def __init__(self, group: TrainerGroup, queue: str, *, verify_atol: float = 1e-3) -> None:
+    """The trainer's activities; a long-lived trainer is leased to one run at a time.
+
+    `pick_trainer` leases this trainer to the asking run unless another run holds it: that run's
+    pick fails with `TrainerBusy` and Temporal retries it (the pending activity shows why in the
+    Web UI and `temporal workflow describe`) until the holder releases the trainer at its end, or
+    stops calling it for `LEASE_S` (a run terminated without releasing it).
+    """
+
+    def __init__(self, group: TrainerGroup, queue: str, *, verify_atol: float | None = None) -> None:
         self.group = group
         self.queue = queue
-        self.verify_atol = verify_atol
+        self._verify_atol = verify_atol
         self._lock = asyncio.Lock()  # one collective command at a time
         self._sync: WeightSync | None = None
+        self._lease: tuple[str, float] | None = None  # (run id, time.monotonic() it expires)
+
+    @property
+    def verify_atol(self) -> float:
+        """How far vLLM's logprobs of the probe may be from the trainer's: fp32 is tight, bf16 not."""
+        if self._verify_atol is not None:
+            return self._verify_atol
+        return 1e-3 if self.group.trainer.dtype.itemsize == 4 else 5e-2
 
     async def _run(self, name: str, *payload):
         async with self._lock, heartbeating():
-            return await asyncio.to_thread(self.group.call, name, *payload)
+            try:
+                return await asyncio.to_thread(self.group.call, name, *payload)
+            except NotAttached as e:  # taken over by another run: the workflow attaches again
+                raise ApplicationError(str(e), type=WORKER_LOST) from None
+
+    def _hold(self, run_id: str) -> None:
+        """Lease the trainer to `run_id` (or renew its lease); `TrainerBusy` if another holds it."""
+        now = time.monotonic()
+        if self._lease and self._lease[0] != run_id and self._lease[1] > now:
+            raise ApplicationError(
+                f"trainer {socket.gethostname()}:{self.queue} is training run {self._lease[0]!r}; run {run_id!r} "
+                "waits for a free trainer (start another trainer worker to run both at once)", type=TRAINER_BUSY,
+                category=ApplicationErrorCategory.BENIGN)  # expected: not a warning with a traceback per retry
+        self._lease = (run_id, now + LEASE_S)
 
     @activity.defn(name="pick_trainer")
-    async def pick_trainer(self) -> TrainerInfo:
-        return TrainerInfo(self.queue, self.group.trainer.step, f"{socket.gethostname()}:{self.queue}")
+    async def pick_trainer(self, inp: PickInput | None = None) -> TrainerInfo:
+        if inp is not None:  # a workflow recorded before leases picks without saying who it is
+            self._hold(inp.run_id)
+        step = self.group.trainer.step if self.group.trainer is not None else 0
+        return TrainerInfo(self.queue, step, f"{socket.gethostname()}:{self.queue}")
+
+    @activity.defn(name="release_trainer")
+    async def release_trainer(self, run_id: str) -> None:
+        """The run ended: the trainer is free for the next one."""
+        if self._lease and self._lease[0] == run_id:
+            self._lease = None
 
     @activity.defn(name="attach_trainer")
     @final_config_errors
     async def attach_trainer(self, inp: AttachInput) -> int:
+        self._hold(inp.run_id)
         return await self._run("attach", inp.run_id, inp.step, inp.checkpoint)
 
     @activity.defn(name="train_step")
     @final_config_errors
     async def train_step(self, inp: TrainInput) -> dict:
+        self._hold(inp.run_id)
         return await self._run("train_step", inp.run_id, inp.step)
 
     @activity.defn(name="sync_weights")
@@ -119,4 +162,4 @@ class TrainerActivities:
         return await self._run("save", inp.root, state)
 
     def all(self) -> list:
-        return [self.attach_trainer, self.train_step, self.sync_weights, self.save_checkpoint]
+        return [self.attach_trainer, self.train_step, self.sync_weights, self.save_checkpoint, self.release_trainer]

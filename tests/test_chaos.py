@@ -154,6 +154,35 @@ def test_kill_9_of_the_launcher_then_ctrl_c_three_times_and_the_run_resumes_each
         run.kill_all()
 
 
+def test_vime_cancel_from_another_terminal_ends_the_launch_in_one_line_and_the_same_command_restarts_it(
+        training_server, tiny_model_dir, tmp_path, capsys):
+    run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), steps=24)
+    try:
+        run.start()
+        run.wait_for_step(1, STEP_TIMEOUT)
+        t0 = time.monotonic()
+        cancel = subprocess.run([sys.executable, "-m", "vime.cli", "cancel", run.run_id, "--run-dir",
+                                 str(run.run_dir)], capture_output=True, text=True, timeout=180, cwd=REPO)
+        assert cancel.returncode == 0 and cancel.stdout.startswith(f"run {run.run_id}: canceled"), \
+            cancel.stdout + cancel.stderr[-3000:]
+        assert run.wait(120) == 2, run.tail()  # the run ended without finishing
+        launch = run.output(run.launches)
+        assert f"run {run.run_id} was cancelled" in launch and "Traceback" not in launch, launch[-3000:]
+        run.assert_nothing_left()
+        trained = len(run.trained_counts())
+        report(capsys, f"vime cancel after step {trained}: the launch ended {time.monotonic() - t0:.1f} s later")
+        assert 0 < trained < run.steps
+        run.start()  # a cancelled run is not lost: the same command goes on from where it was
+        assert "starting it again" in run.output(run.launches) or run.wait_for(
+            lambda: "starting it again" in run.output(run.launches), 120, "the restart line")
+        run.wait_for(lambda: STEP_LINE.search(run.output(run.launches)), STEP_TIMEOUT, "a step")
+        assert run.stop(signal.SIGINT) == 130, run.tail()
+        counts = run.trained_counts()  # the steps so far, contiguous, each trained once
+        assert counts == {step: run.groups * run.n for step in range(len(counts))}, run.tail()
+    finally:
+        run.kill_all()
+
+
 def live_status(run: TrainRun, tries: int = 3) -> dict:
     """`vime status` of a running run, asked again when its query went unanswered (a worker busy
     on a loaded machine: the command then answers from the store, as it should)."""

@@ -22,6 +22,7 @@ group = TrainerGroup(parse_args(argv))
 if dist_utils.rank() != 0:
     group.follow()
 else:
+    group.call("attach", "run", 0, None)
     steps = [group.call("train_step", "run", i) for i in range(json.load(open(steps_path)))]
     group.stop()
     json.dump(steps, open(out_path, "w"))
@@ -50,7 +51,7 @@ def test_two_ranks_give_the_same_losses_and_gradients_as_one(tiny_model_dir, tmp
             store.write_step_manifest("run", step, list(by_rollout))
     (tmp_path / "steps.json").write_text(json.dumps(2))
     base = ["--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-            "--global-batch-size", "8", "--lr", "1e-3", "--max-tokens-per-gpu", "40"]
+            "--global-batch-size", "8", "--lr", "1e-3", "--max-tokens-per-gpu", "40", "--run-id", "run"]
 
     one = run_ranks(1, base + ["--store-url", f"sqlite:///{tmp_path}/vime.db", "--run-dir", str(tmp_path / "a")],
                     tmp_path / "steps.json", tmp_path / "one.json")

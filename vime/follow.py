@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import CancelledError
 from temporalio.service import RPCError
 
 from vime.errors import ConfigError
@@ -86,6 +87,10 @@ class Follower:
             try:
                 return await self.handle.result()
             except WorkflowFailureError as e:
+                if isinstance(e.cause, CancelledError):
+                    raise RunFailed(f"run {self.run_id} was cancelled (vime cancel, the Web UI or the Temporal CLI); "
+                                    "its samples are kept, and the same command starts it again from its last "
+                                    "checkpoint") from None
                 raise RunFailed(f"run {self.run_id} failed: {failure_message(e)} (fix it, then run the same command "
                                 "again: the run resumes from its last checkpoint)") from None
             except RPCError as e:

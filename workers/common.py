@@ -24,6 +24,7 @@ from temporalio.worker import Worker
 
 from vime.errors import ConfigError, ServiceError, VimeError
 from vime.log import configure_logging, get_logger
+from vime.run_args import serves_own_run
 from vime.temporal.client import connect, ensure_search_attributes
 
 log = get_logger(__name__)
@@ -58,14 +59,16 @@ async def connect_from_args(args, kind: str = "worker", wait: float = CONNECT_WA
 
 
 def ensure_run(args, store) -> None:
-    """Create the run in the store on first use (a worker started by hand, before any launcher)."""
-    store.ensure_run(args.run_id, {k: v for k, v in args.to_dict().items() if k != "vllm_config_data"})
+    """Create the worker's own run in the store on first use (a worker started by hand with a
+    run's flags, before any launcher). A long-lived worker has none: runs record themselves."""
+    if serves_own_run(args):
+        store.ensure_run(args.run_id, {k: v for k, v in args.to_dict().items() if k != "vllm_config_data"})
 
 
 def announce(kind: str, workers: Sequence[Worker], args) -> None:
     queues = ", ".join(w.task_queue for w in workers)
-    print(f"[vime] worker {kind} ready: run {args.run_id}, Temporal {args.temporal_address}, queues {queues}",
-          flush=True)
+    serves = f"run {args.run_id}" if serves_own_run(args) else "any run"
+    print(f"[vime] worker {kind} ready: {serves}, Temporal {args.temporal_address}, queues {queues}", flush=True)
 
 
 async def run_until_signalled(workers: Sequence[Worker], shutdown_timeout: float = 15.0) -> None:

@@ -2,7 +2,11 @@
 activity; with `--rollout-workflow CodingAgentRolloutWorkflow` also the agent session activities
 and, in the same process, a worker for the sandbox queue (its sandboxes are destroyed when it stops).
 
-    python -m workers.rollout <vime flags> --temporal-address HOST:PORT
+    python -m workers.rollout <vime flags> --temporal-address HOST:PORT    # one run's worker
+    python -m workers.rollout --store-url URL --temporal-address HOST:PORT  # any run's (long-lived)
+
+Generation reads each run's config by run id (`vime.run_args`). The agent activities still use
+the worker's own flags: an agent run's workers are started with its flags.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ async def serve(args) -> None:
         ensure_run(args, store)
         acts = RolloutActivities(args, store)
         activities = [acts.generate_group, acts.generate_rollout_step, *StepActivities(store).all(),
-                      MetricsActivities(args.run_dir).record_metrics]
+                      MetricsActivities(acts.runs).record_metrics]
         sandboxes = None
         workers = []
         if args.rollout_workflow == "CodingAgentRolloutWorkflow":  # agent sessions + the sandbox queues

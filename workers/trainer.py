@@ -5,6 +5,10 @@
 
 Rank 0 announces itself on the shared `--trainer-task-queue` (activity `pick_trainer`) and
 serves the trainer activities on a queue of its own, since the model state lives here.
+
+Started without a model (`--store-url URL --temporal-address HOST:PORT` only) it is long-lived:
+each run that picks it leases it, and attaching loads that run's model with that run's settings,
+read from the store by run id (`vime.run_args`).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from workers.common import announce, connect_from_args, run_until_signalled, run
 async def serve(args, group: TrainerGroup) -> None:
     client = await connect_from_args(args, "trainer")
     queue = f"{args.trainer_task_queue}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    acts = TrainerActivities(group, queue, verify_atol=1e-3 if group.trainer.dtype.itemsize == 4 else 5e-2)
+    acts = TrainerActivities(group, queue)
     announcer = Worker(client, task_queue=args.trainer_task_queue, activities=[acts.pick_trainer])
     own = Worker(client, task_queue=queue, activities=acts.all(), max_concurrent_activities=4)
     announce("trainer", [announcer, own], args)

@@ -7,6 +7,15 @@ from typing import Any
 
 RECORD_STEP = "record_step"
 RECORDED_STEPS = "recorded_steps"
+REGISTER_RUN = "register_run"
+
+
+@dataclass
+class RunRegistration:
+    """A run's flags, recorded in the store when its training workflow starts (`vime.run_args`)."""
+
+    run_id: str
+    argv: list[str]
 
 
 @dataclass

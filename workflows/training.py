@@ -38,7 +38,8 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, TimeoutError
+from temporalio.exceptions import (ActivityError, ApplicationError, ChildWorkflowError, TimeoutError,
+                                  is_cancelled_exception)
 
 with workflow.unsafe.imports_passed_through():
     from vime.temporal.search_attributes import POLICY_VERSION, ROLLOUT_STATUS, RUN_ID
@@ -49,10 +50,11 @@ with workflow.unsafe.imports_passed_through():
     from workflows.rollout import (CONFIG_ERROR, ROLLOUT_STEP, RolloutInput, RolloutOutput,
                                    RolloutStepInput, RolloutStepOutput, RolloutWorkflow,
                                    rollout_retry_policy, rollout_workflow_id, starting_search_attributes)
-    from workflows.steps import (RECORD_METRICS, RECORD_STEP, RECORDED_STEPS, RecordedStep, RecordedStepsInput,
-                                 StepMetrics, StepRecord)
+    from workflows.steps import (RECORD_METRICS, RECORD_STEP, RECORDED_STEPS, REGISTER_RUN, RecordedStep,
+                                 RecordedStepsInput, RunRegistration, StepMetrics, StepRecord)
 
 WORKER_LOST = "WorkerLost"  # an activity the launcher failed because it saw its worker die
+TRAINER_BUSY = "TrainerBusy"  # pick_trainer: leased to another run (retried until it is free)
 
 
 @dataclass
@@ -60,6 +62,11 @@ class TrainerInfo:
     queue: str
     step: int
     identity: str = ""
+
+
+@dataclass
+class PickInput:
+    run_id: str  # the run the picked trainer is leased to
 
 
 @dataclass
@@ -113,6 +120,7 @@ class TrainingConfig:
     max_concurrent_rollouts: int = 0  # groups in flight in fully async mode (0: rollout_batch_size)
     staleness_control: str = "pace"  # or "discard" (fully async mode)
     local_activities: bool = True  # each group generated as a local activity of its workflow (cheaper)
+    run_argv: list[str] = field(default_factory=list)  # the run's flags: workers read its config (run_args)
 
 
 @dataclass
@@ -134,6 +142,8 @@ class TrainingInput:
 
 KEEP_METRICS = 100
 METRICS_FILE_PATCH = "metrics-jsonl"  # workflows recorded before metrics.jsonl replay without it
+REGISTER_RUN_PATCH = "register-run"  # workflows recorded before runs carried their flags
+RELEASE_TRAINER_PATCH = "release-trainer"  # workflows recorded before trainers were leased
 MAX_TRAINER_ERRORS = 3
 
 
@@ -181,6 +191,7 @@ class TrainingWorkflow:
         self.pool: RolloutPool | None = None  # fully async mode
         self.async_metrics: dict[int, dict] = {}  # fully async: staleness of each step taken
         self.next_take = 0  # fully async: the next step to take groups for
+        self.children_running = 0  # rollout workflows started and not yet ended
 
     @workflow.query
     def progress(self) -> dict:
@@ -199,10 +210,37 @@ class TrainingWorkflow:
 
     @workflow.run
     async def run(self, inp: TrainingInput) -> TrainingState:
+        """Train `num_rollout` steps. A cancel (`vime cancel`, the Web UI, `temporal workflow
+        cancel`) cancels the rollouts in flight and waits for their cleanup (an agent rollout tears
+        its sandbox down) before the run ends as cancelled."""
+        self.prefetch: dict[int, asyncio.Task[RecordedStep]] = {}
+        try:
+            return await self._run(inp)
+        except BaseException as e:  # asyncio's, or a rollout's whose cancel reached it first
+            if not is_cancelled_exception(e):
+                raise
+            self.phase = "cancelling"
+            steps = list(self.prefetch.values())
+            for task in steps:
+                task.cancel()
+            await asyncio.gather(*steps, return_exceptions=True)
+            if self.pool:
+                await self.pool.cancel()
+            # A rollout closed with its parent is terminated, its cleanup cut: wait for each to end.
+            await workflow.wait_condition(lambda: self.children_running == 0)
+            await self._release_trainer()
+            workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("cancelled")])
+            raise
+
+    async def _run(self, inp: TrainingInput) -> TrainingState:
         cfg, self.cfg, self.state = inp.config, inp.config, inp.state
         workflow.upsert_search_attributes([RUN_ID.value_set(cfg.run_id), ROLLOUT_STATUS.value_set("training")])
+        if cfg.run_argv and workflow.patched(REGISTER_RUN_PATCH):  # before any worker needs the run's config
+            self.phase = "register"
+            await workflow.execute_activity(REGISTER_RUN, RunRegistration(cfg.run_id, cfg.run_argv),
+                                            task_queue=cfg.rollout_task_queue, **_short(120))
         await self._find_recorded_steps()
-        prefetch: dict[int, asyncio.Task[RecordedStep]] = {}
+        prefetch = self.prefetch
         steps_this_run = 0
         if self.state.step < cfg.num_rollout:  # attaching syncs the servers: no rollout before that
             await self._with_trainer("attach", _attached)
@@ -247,9 +285,22 @@ class TrainingWorkflow:
             if self.state.metrics:
                 self.state.metrics[-1]["groups_cancelled"] = len(self.pool.in_flight)
             await self.pool.cancel()
+        await self._release_trainer()
         self.phase = "done"
         workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("done")])
         return self.state
+
+    async def _release_trainer(self) -> None:
+        """Free the run's trainer for the next run at once (else its lease runs out). Best effort:
+        a trainer that is gone has nothing to free."""
+        if self.trainer is None or not workflow.patched(RELEASE_TRAINER_PATCH):
+            return
+        try:
+            await workflow.execute_activity("release_trainer", self.cfg.run_id, task_queue=self.trainer.queue,
+                                            schedule_to_start_timeout=timedelta(seconds=30), **_short(30),
+                                            retry_policy=RetryPolicy(maximum_attempts=1))
+        except ActivityError as e:
+            workflow.logger.warning("release_trainer: %s", e.cause)
 
     async def _record_metrics(self, step: int, metrics: dict) -> None:
         """`<run_dir>/metrics.jsonl` gets the step's line. A run whose history predates this call
@@ -388,6 +439,7 @@ class TrainingWorkflow:
         cfg = self.cfg
         if cfg.rollout_workflow == "CodingAgentRolloutWorkflow":
             return await self._agent_group(step, position, weight_version)
+        self.children_running += 1
         try:
             inp = RolloutInput(cfg.run_id, step, position, weight_version,
                                heartbeat_seconds=cfg.rollout_heartbeat_seconds, local_activity=cfg.local_activities)
@@ -395,7 +447,11 @@ class TrainingWorkflow:
                 RolloutWorkflow.run, inp, id=rollout_workflow_id(cfg.run_id, position),
                 search_attributes=starting_search_attributes(inp))
         except ChildWorkflowError as e:  # infra failures retry inside; what reaches here is final
+            if is_cancelled_exception(e):  # the run is being cancelled: it ends cancelled, not failed
+                raise
             raise _final(f"rollout group {position} failed: {root_message(e)}") from e
+        finally:
+            self.children_running -= 1
 
     async def _agent_group(self, step: int, position: int, weight_version: int) -> RolloutOutput:
         """A prompt group of agent rollouts: one CodingAgentRolloutWorkflow per sample. Infra
@@ -403,6 +459,7 @@ class TrainingWorkflow:
         cfg = self.cfg
 
         async def one(i: int):
+            self.children_running += 1
             try:
                 return await workflow.execute_child_workflow(
                     CodingAgentRolloutWorkflow.run,
@@ -411,7 +468,11 @@ class TrainingWorkflow:
                                       sandbox_task_queue=cfg.sandbox_task_queue),
                     id=agent_workflow_id(cfg.run_id, position, i))
             except ChildWorkflowError as e:  # infra failures are stored inside; what reaches here is final
+                if is_cancelled_exception(e):  # the run is being cancelled: its sandbox was torn down
+                    raise
                 raise _final(f"agent rollout {position}-{i} failed: {root_message(e)}") from e
+            finally:
+                self.children_running -= 1
 
         outs = await asyncio.gather(*(one(i) for i in range(cfg.n_samples_per_prompt)))
         stored = [o for o in outs if o.rollout.samples]
@@ -429,8 +490,9 @@ class TrainingWorkflow:
         cfg = self.cfg
         self.phase = "attach"
         info = await workflow.execute_activity(
-            "pick_trainer", result_type=TrainerInfo, task_queue=cfg.trainer_task_queue,
-            schedule_to_close_timeout=timedelta(hours=1), retry_policy=RetryPolicy(maximum_attempts=0))
+            "pick_trainer", PickInput(cfg.run_id), result_type=TrainerInfo, task_queue=cfg.trainer_task_queue,
+            schedule_to_close_timeout=timedelta(hours=1),  # waiting out a busy trainer, checked every 10 s at most
+            retry_policy=RetryPolicy(maximum_attempts=0, maximum_interval=timedelta(seconds=10)))
         at = await workflow.execute_activity(
             "attach_trainer", AttachInput(cfg.run_id, self.state.checkpoint_step, self.state.checkpoint),
             result_type=int, task_queue=info.queue, schedule_to_start_timeout=timedelta(seconds=30),

@@ -29,7 +29,7 @@ import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, func, insert, select
+from sqlalchemy import Connection, Engine, func, insert, select, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from vime.errors import ConfigError
@@ -154,6 +154,32 @@ class SampleStore:
         stored_config = self._write(work)
         self._known_runs.add(run_id)
         return stored_config
+
+    def register_run(self, run_id: str, argv: Sequence[str]) -> None:
+        """Record the flags run `run_id` was (re)started with, creating the run if it is new.
+
+        Workers that serve many runs build a run's config from these (`vime.run_args`); a run
+        restarted with other flags (another engine address, more steps) replaces them.
+        """
+        run_id = q.check_run_id(run_id)
+        argv = [str(a) for a in argv]
+
+        def work(conn: Connection) -> None:
+            stored = conn.execute(select(RunRow.config).where(RunRow.run_id == run_id)).first()
+            if stored is None:
+                conn.execute(insert(RunRow.__table__), {"run_id": run_id, "config": {"argv": argv},
+                                                        "created_at": utcnow()})
+            else:
+                conn.execute(update(RunRow).where(RunRow.run_id == run_id).values(
+                    config={**(stored.config or {}), "argv": argv}))
+
+        self._write(work)
+        self._known_runs.add(run_id)
+
+    def run_argv(self, run_id: str) -> list[str] | None:
+        """The flags run `run_id` was last started with (None: no such run, or one never registered)."""
+        row = self._read(lambda conn: conn.execute(select(RunRow.config).where(RunRow.run_id == run_id)).first())
+        return None if row is None or not isinstance(row.config, dict) else row.config.get("argv")
 
     # ---- samples --------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from typing import Any
 
 from vime.errors import ConfigError
 from vime.log import get_logger
+from vime.run_args import RunArgs, serves_own_run
 from vime.store import SampleStore
 from vime.train import distributed as dist_utils
 from vime.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -40,13 +41,19 @@ def trainable(sample: Sample) -> bool:
     return not failed and sample.response_length > 0 and sample.prompt_length > 0
 
 
+class NotAttached(RuntimeError):
+    """A command for a run this trainer does not hold (it was attached to another since)."""
+
+
 class TrainerGroup:
     """The trainer state of this rank and the commands that change it (collective)."""
 
     def __init__(self, args: Any) -> None:
         self.args = args
         self.store = SampleStore.open(args.store_url)
-        self.trainer = Trainer(args)
+        self.runs = RunArgs(args, self.store.run_argv)
+        # A trainer started with a run's flags loads its model now; a long-lived one, on attach.
+        self.trainer: Trainer | None = Trainer(args) if serves_own_run(args) else None
         self.run_id: str | None = None
         self.results: dict[int, StepResult] = {}
 
@@ -75,20 +82,29 @@ class TrainerGroup:
         """Bring the weights to `step` (a checkpoint's, or the initial ones at 0); return the step.
 
         A trainer already at `step` of the same run keeps its state (the workflow re-attached
-        after a transient error); anything else reloads.
+        after a transient error); anything else reloads, and another run (of a long-lived trainer)
+        loads that run's model with that run's settings.
         """
-        if self.run_id == run_id and self.trainer.step == step:
+        run_args = self.runs.args(run_id)
+        if self.run_id == run_id and run_args is self.args and self.trainer is not None and self.trainer.step == step:
             return step
+        fresh = self.trainer is None or run_args is not self.args  # another run's model and settings
+        if fresh:
+            self.args, self.trainer = run_args, None  # the old model is freed before the new one loads
+            self.trainer = Trainer(run_args)
         if checkpoint:
             load_checkpoint(self.trainer, checkpoint)
-        elif step == 0:
-            if self.trainer.step != 0 or self.run_id not in (None, run_id):
-                self.trainer = Trainer(self.args)
-        else:
+        elif step != 0:
             raise ValueError(f"attach: step {step} without a checkpoint")
+        elif not fresh and (self.trainer.step != 0 or self.run_id not in (None, run_id)):
+            self.trainer = Trainer(self.args)
         self.run_id = run_id
         self.results.clear()
         return self.trainer.step
+
+    def _check_attached(self, run_id: str) -> None:
+        if self.trainer is None or self.run_id != run_id:
+            raise NotAttached(f"this trainer holds run {self.run_id!r}, not {run_id!r}: attach again")
 
     def train_step(self, run_id: str, step: int) -> dict[str, float]:
         """Train rollout step `step` on its manifest; a repeat of the last step returns its metrics.
@@ -97,6 +113,7 @@ class TrainerGroup:
         failure, an error before the first token) is never marked, so the store's trained counts
         are what the model actually learned from.
         """
+        self._check_attached(run_id)
         if step + 1 == self.trainer.step and step in self.results:
             return self.results[step].metrics
         if step != self.trainer.step:
@@ -127,6 +144,7 @@ class TrainerGroup:
         return weights, probe, expected
 
     def save(self, root: str, state: dict) -> str | None:
+        self._check_attached(state["run_id"])
         path = save_checkpoint(self.trainer, root, state)
         return str(path) if path else None
 

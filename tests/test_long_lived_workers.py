@@ -1,0 +1,184 @@
+"""One pool of workers serves any number of runs: the README's "Many runs on long-lived workers"
+section, run literally by bash (ports swapped for free ones), starts a rollout worker and a
+trainer that know nothing of any run, then two runs with different models and rewards from the
+JSON of `vime config` through `temporal workflow start`, with no other setup step; both train.
+
+The pieces it relies on are specified beside it: a run's recorded flags become its config on
+any worker (`RunArgs`), and a trainer is leased to one run at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from activities.train import LEASE_S, TrainerActivities
+from tests.readme import bash_script, readme_block
+from tests.runs import write_prompts
+from vime.engine.server import free_port
+from vime.args import parse_args
+from vime.errors import ConfigError
+from vime.run_args import RunArgs
+from vime.store import SampleStore
+
+REWARD_B = '''
+async def rm(args, sample):
+    """Run b's reward: shorter answers score higher (exact_match scores run a)."""
+    return 1.0 / (1 + len(sample.response))
+'''
+
+
+@pytest.mark.vllm
+def test_two_runs_from_vime_config_json_train_on_workers_started_once(training_server, tiny_model_dir, tmp_path):
+    from vime.testing.tiny_model import tiny_model_dir as build_tiny_model
+
+    model_b = build_tiny_model(seed=1)  # same architecture and tokenizer, other weights
+    temporal_port = free_port()
+    script = readme_block("### Many runs on long-lived workers")
+    script = script.replace("7233", str(temporal_port)).replace("8000", str(training_server.port))
+    assert training_server.host == "127.0.0.1"
+    start_temporal = (f".venv/bin/temporal server start-dev --port {temporal_port} --headless "
+                      f"--ui-port {free_port()} &\n"
+                      f"until .venv/bin/temporal operator cluster health --address 127.0.0.1:{temporal_port} "
+                      ">/dev/null 2>&1; do sleep 1; done\n")
+    write_prompts(tmp_path / "prompts.jsonl", 8)
+    (tmp_path / "reward_b.py").write_text(REWARD_B)
+    env = {**os.environ, "MODEL_A": str(tiny_model_dir), "MODEL_B": str(model_b), "VIME_LOG_FORMAT": "json",
+           "VIME_LOG_LEVEL": "WARNING"}
+    t0 = time.monotonic()
+    with bash_script(tmp_path, start_temporal + script, env) as (proc, log):
+        proc.wait(timeout=900)
+        out = log.read_text()
+        if proc.returncode == 0:  # the same workers serve a third run, which `vime cancel` stops
+            cancelled = cancel_a_run_in_flight(tmp_path, temporal_port, training_server.port, tiny_model_dir)
+    assert proc.returncode == 0, out[-4000:]
+    assert len(re.findall(r"Status +COMPLETED", out)) == 2, out[-4000:]
+    assert out.count("ready: any run") == 2  # neither worker was given a run
+    with SampleStore.open(f"sqlite:///{tmp_path}/runs/vime.db") as store:
+        assert store.trained_counts("exp-a") == {0: 8, 1: 8}
+        assert store.trained_counts("exp-b") == {0: 8, 1: 8}
+        rewards_b = {s.reward for s in store.read_step_samples("exp-b", 0)}
+    assert all(0 < r <= 1 for r in rewards_b) and rewards_b - {0.0, 1.0}  # run b's own reward code
+    for run in ("exp-a", "exp-b"):  # each run's metrics in its own run directory
+        assert (tmp_path / "runs" / run / "metrics.jsonl").read_text().count("\n") == 2
+    print(f"\n[long-lived workers] two runs trained in {time.monotonic() - t0:.0f} s")
+    assert re.fullmatch(r"run exp-c: canceled \(train-exp-c and the rollouts.*\n", cancelled["stdout"]), cancelled
+    assert cancelled["status"] == "CANCELED"
+    # the rollouts in flight were cancelled (with their cleanup), not terminated with the parent
+    assert set(cancelled["children"].values()) == {"CANCELED"}, cancelled
+    print(f"[long-lived workers] vime cancel: {list(cancelled['children'].values()).count('CANCELED')} rollouts "
+          "in flight cancelled")
+
+
+def cancel_a_run_in_flight(tmp_path: Path, temporal_port: int, engine_port: int, model: Path) -> dict:
+    """Start run exp-c on the running workers (its reward takes a minute, so its rollouts are in
+    flight), cancel it with `vime cancel`, and report how its workflow and its rollouts ended."""
+    from temporalio.client import Client
+    from temporalio.service import RPCError
+
+    (tmp_path / "slow_rm.py").write_text("import asyncio\n\nasync def rm(args, sample):\n"
+                                         "    await asyncio.sleep(60)\n    return 1.0\n")
+
+    vime_bin = str(tmp_path / ".venv" / "bin" / "vime")
+    config = subprocess.run(
+        [vime_bin, "config", "--run-id", "exp-c", "--hf-checkpoint", str(model),
+         "--prompt-data", str(tmp_path / "prompts.jsonl"), "--input-key", "prompt", "--label-key", "label",
+         "--custom-rm-path", "slow_rm.rm", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
+         "--rollout-max-response-len", "8", "--num-rollout", "2", "--store-url", f"sqlite:///{tmp_path}/runs/vime.db",
+         "--vllm-router-ip", "127.0.0.1", "--vllm-router-port", str(engine_port),
+         "--vllm-server-urls", f"http://127.0.0.1:{engine_port}"],
+        cwd=tmp_path, capture_output=True, text=True, check=True)
+    (tmp_path / "c.json").write_text(config.stdout)
+    address = f"127.0.0.1:{temporal_port}"
+    subprocess.run([str(tmp_path / ".venv" / "bin" / "temporal"), "workflow", "start", "--address", address,
+                    "--type", "TrainingWorkflow", "--task-queue", "vime-rollout", "--workflow-id", "train-exp-c",
+                    "--input-file", "c.json"], cwd=tmp_path, check=True, capture_output=True)
+    async def rollouts() -> dict[str, str]:  # step 0's two groups (workflow ids by data position)
+        client, found = await Client.connect(address), {}
+        for workflow_id in ("exp-c-rollout-0", "exp-c-rollout-1"):
+            try:
+                found[workflow_id] = (await client.get_workflow_handle(workflow_id).describe()).status.name
+            except RPCError:  # not started yet
+                pass
+        return found
+
+    deadline = time.monotonic() + 300
+    while list(asyncio.run(rollouts()).values()) != ["RUNNING", "RUNNING"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    result = subprocess.run([vime_bin, "cancel", "exp-c", "--temporal-address", address], cwd=tmp_path,
+                            capture_output=True, text=True)
+
+    async def parent() -> str:
+        return (await (await Client.connect(address)).get_workflow_handle("train-exp-c").describe()).status.name
+
+    status, children = asyncio.run(parent()), asyncio.run(rollouts())
+    return {"stdout": result.stdout, "stderr": result.stderr, "status": status, "children": children}
+
+
+# ---- a run's config on any worker ---------------------------------------------------------------
+
+def worker_args(tmp_path: Path, *extra: str):
+    return parse_args(["--store-url", f"sqlite:///{tmp_path}/vime.db", "--temporal-address", "127.0.0.1:7233",
+                       *extra])
+
+
+def test_a_worker_reads_a_recorded_run_s_flags_and_keeps_its_own_connections(tmp_path):
+    recorded = {"exp": ["--hf-checkpoint", "/models/a", "--n-samples-per-prompt", "4", "--run-id", "exp",
+                        "--store-url", "sqlite:////elsewhere/vime.db", "--temporal-address", "10.0.0.1:7233"]}
+    runs = RunArgs(worker_args(tmp_path), recorded.get)
+    args = runs.args("exp")
+    assert (args.hf_checkpoint, args.n_samples_per_prompt, args.run_id) == ("/models/a", 4, "exp")
+    assert args.store_url == f"sqlite:///{tmp_path}/vime.db"  # where the worker read the flags from
+    assert args.temporal_address == "127.0.0.1:7233"
+    assert runs.args("exp") is args  # parsed once while the flags stay the same
+    recorded["exp"] = [*recorded["exp"], "--n-samples-per-prompt", "8"]  # the run restarted with other flags
+    assert runs.args("exp").n_samples_per_prompt == 8
+
+
+def test_a_worker_started_with_a_run_s_flags_uses_them_for_that_run(tmp_path):
+    own = worker_args(tmp_path, "--hf-checkpoint", "/models/own", "--run-id", "mine")
+    runs = RunArgs(own, lambda run_id: ["--hf-checkpoint", "/models/recorded", "--run-id", run_id])
+    assert runs.args("mine") is own  # this launch's engine addresses, not an earlier launch's
+    assert runs.args("other").hf_checkpoint == "/models/recorded"
+
+
+def test_a_run_nobody_recorded_is_one_line_that_says_how_to_start_it(tmp_path):
+    runs = RunArgs(worker_args(tmp_path), lambda run_id: None)
+    with pytest.raises(ConfigError, match=r"run 'ghost' is not recorded in this worker's store .*vime config"):
+        runs.args("ghost")
+
+
+def test_the_store_keeps_a_run_s_latest_flags_and_creates_the_run(tmp_path):
+    with SampleStore.open(tmp_path) as store:
+        assert store.run_argv("exp") is None
+        store.register_run("exp", ["--num-rollout", "2"])
+        store.register_run("exp", ["--num-rollout", "3"])
+        assert store.run_argv("exp") == ["--num-rollout", "3"]
+        assert store.ensure_run("exp") == {"argv": ["--num-rollout", "3"]}
+
+
+# ---- a trainer leased to one run at a time ------------------------------------------------------
+
+class NoModel:
+    trainer = None
+
+
+def test_a_trainer_serves_one_run_until_it_is_released_or_its_lease_runs_out():
+    from temporalio.exceptions import ApplicationError
+
+    trainer = TrainerActivities(NoModel(), "q")
+    trainer._hold("a")
+    trainer._hold("a")  # its own run renews the lease
+    with pytest.raises(ApplicationError, match="is training run 'a'; run 'b' waits") as busy:
+        trainer._hold("b")
+    assert busy.value.type == "TrainerBusy" and not busy.value.non_retryable  # Temporal retries the pick
+    trainer._lease = ("a", trainer._lease[1] - LEASE_S - 1)  # a run that stopped calling (terminated)
+    trainer._hold("b")
+    asyncio.run(trainer.release_trainer("b"))  # run b ended
+    trainer._hold("c")
