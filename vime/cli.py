@@ -6,6 +6,7 @@ A `VimeError` ends the command with one line naming what to fix, and exit code 2
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 from collections.abc import Callable
@@ -26,6 +27,7 @@ commands:
   report       one self-contained HTML page: metric plots, reward distribution, failures, notable rollouts
   status       where a run stands: live from its workflow while it runs, else from its store
   ui           the Temporal Web UI on a finished (or stopped) run's history, until Ctrl-C
+  cancel       cancel a run: its training workflow and the rollouts in flight (sandboxes torn down)
   rescore      score a run's stored rollouts with new reward code (no sampling); old vs new per step
   tiny-model   build (or find in the cache) the tiny test model and print its directory
 
@@ -95,6 +97,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "ui": _operate("vime.ops.ui", "ui_main"),
     "status": _operate("vime.ops.status", "status_main"),
     "rescore": _operate("vime.ops.rescore", "rescore_main"),
+    "cancel": _operate("vime.ops.cancel", "cancel_main"),
     "tiny-model": _tiny_model,
 }
 
@@ -123,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"vime {command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        # A Temporal client kept alive by a reference cycle (an error's traceback holding the frame
+        # that holds it) was otherwise freed while the interpreter finalized, and its Rust threads
+        # then aborted the process ("PyGILState_Release ... must be current", exit 134).
+        gc.collect()
 
 
 if __name__ == "__main__":
