@@ -29,11 +29,12 @@ from vime.rollout.data_source import make_data_source
 from vime.rollout.filters import apply_dynamic_filter
 from vime.rollout.generate import router_url
 from vime.rollout.group import run_group
-from vime.run_args import RunArgs
+from vime.run_args import RunArgs, stored_config
 from vime.sample_summary import failure_of, preview
 from vime.store import SampleStore
 from vime.types import Sample
 from workflows.rollout import RolloutInput, RolloutOutput, RolloutStepInput, RolloutStepOutput
+from workflows.steps import REGISTER_RUN, RunRegistration
 
 INFRA_FAILURE = "InfraFailure"
 ENGINE_WAIT_S = 30.0
@@ -98,6 +99,14 @@ class RolloutActivities:
         def load():
             return self.runs.args(run_id), self.runs.derived(run_id, "data_source", make_data_source)
         return await store_call(load)
+
+    @activity.defn(name=REGISTER_RUN)
+    @final_config_errors
+    async def register_run(self, reg: RunRegistration) -> None:
+        """Check a starting run's flags (one line if they are bad, nothing stored), then create
+        the run if it is new and record its flags, which the workers serving it read."""
+        args = await store_call(self.runs.checked, reg.run_id, reg.argv)
+        await store_call(self.store.register_run, reg.run_id, reg.argv, stored_config(args))
 
     @activity.defn(name="generate_group")
     @final_config_errors

@@ -17,8 +17,7 @@ from temporalio import activity
 from activities.errors import final_config_errors
 from activities.store_calls import store_call
 from vime.store import SampleStore
-from workflows.steps import (RECORD_STEP, RECORDED_STEPS, REGISTER_RUN, RecordedStep, RecordedStepsInput,
-                             RunRegistration, StepRecord)
+from workflows.steps import RECORD_STEP, RECORDED_STEPS, RecordedStep, RecordedStepsInput, StepRecord
 
 
 class StepActivities:
@@ -50,14 +49,8 @@ class StepActivities:
 
         return await store_call(read)
 
-    @activity.defn(name=REGISTER_RUN)
-    @final_config_errors
-    async def register_run(self, reg: RunRegistration) -> None:
-        """Create the run if it is new and record its flags, which workers serving it read."""
-        await store_call(self.store.register_run, reg.run_id, reg.argv)
-
     def all(self) -> list:
-        return [self.record_step, self.recorded_steps, self.register_run]
+        return [self.record_step, self.recorded_steps]
 
 
 def _recorded(manifest) -> RecordedStep:

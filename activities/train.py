@@ -30,8 +30,8 @@ from vime.engine.weight_sync import WeightSync, verify_sync
 from vime.errors import ServiceError
 from vime.log import get_logger
 from vime.train.group import NotAttached, TrainerGroup
-from workflows.training import (TRAINER_BUSY, WORKER_LOST, AttachInput, PickInput, SaveInput, SyncInput,
-                                TrainerInfo, TrainInput)
+from workflows.trainer_calls import (TRAINER_BUSY, WORKER_LOST, AttachInput, PickInput, SaveInput, SyncInput,
+                                     TrainerInfo, TrainInput)
 
 log = get_logger(__name__)
 

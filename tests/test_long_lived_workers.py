@@ -36,6 +36,8 @@ async def rm(args, sample):
 
 @pytest.mark.vllm
 def test_two_runs_from_vime_config_json_train_on_workers_started_once(training_server, tiny_model_dir, tmp_path):
+    """... and then serve more: two bad runs fail in one line each, leaving the trainer free for a
+    third run, which `vime cancel` stops with its rollouts in flight."""
     from vime.testing.tiny_model import tiny_model_dir as build_tiny_model
 
     model_b = build_tiny_model(seed=1)  # same architecture and tokenizer, other weights
@@ -55,8 +57,10 @@ def test_two_runs_from_vime_config_json_train_on_workers_started_once(training_s
     with bash_script(tmp_path, start_temporal + script, env) as (proc, log):
         proc.wait(timeout=900)
         out = log.read_text()
-        if proc.returncode == 0:  # the same workers serve a third run, which `vime cancel` stops
-            cancelled = cancel_a_run_in_flight(tmp_path, temporal_port, training_server.port, tiny_model_dir)
+        if proc.returncode == 0:  # the same workers serve more runs: two bad ones, then one `vime cancel` stops
+            pool = Pool(tmp_path, temporal_port, training_server.port, tiny_model_dir)
+            bad_runs_fail_in_one_line_and_free_the_trainer(pool)
+            cancelled = cancel_a_run_in_flight(pool)
     assert proc.returncode == 0, out[-4000:]
     assert len(re.findall(r"Status +COMPLETED", out)) == 2, out[-4000:]
     assert out.count("ready: any run") == 2  # neither worker was given a run
@@ -76,49 +80,81 @@ def test_two_runs_from_vime_config_json_train_on_workers_started_once(training_s
           "in flight cancelled")
 
 
-def cancel_a_run_in_flight(tmp_path: Path, temporal_port: int, engine_port: int, model: Path) -> dict:
-    """Start run exp-c on the running workers (its reward takes a minute, so its rollouts are in
-    flight), cancel it with `vime cancel`, and report how its workflow and its rollouts ended."""
-    from temporalio.client import Client
-    from temporalio.service import RPCError
+class Pool:
+    """The README script's Temporal and workers, still running after it: more runs, by the CLI."""
 
-    (tmp_path / "slow_rm.py").write_text("import asyncio\n\nasync def rm(args, sample):\n"
-                                         "    await asyncio.sleep(60)\n    return 1.0\n")
+    def __init__(self, tmp_path: Path, temporal_port: int, engine_port: int, model: Path) -> None:
+        self.tmp_path, self.model, self.engine_port = tmp_path, model, engine_port
+        self.address = f"127.0.0.1:{temporal_port}"
+        self.bin = tmp_path / ".venv" / "bin"
 
-    vime_bin = str(tmp_path / ".venv" / "bin" / "vime")
-    config = subprocess.run(
-        [vime_bin, "config", "--run-id", "exp-c", "--hf-checkpoint", str(model),
-         "--prompt-data", str(tmp_path / "prompts.jsonl"), "--input-key", "prompt", "--label-key", "label",
-         "--custom-rm-path", "slow_rm.rm", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
-         "--rollout-max-response-len", "8", "--num-rollout", "2", "--store-url", f"sqlite:///{tmp_path}/runs/vime.db",
-         "--vllm-router-ip", "127.0.0.1", "--vllm-router-port", str(engine_port),
-         "--vllm-server-urls", f"http://127.0.0.1:{engine_port}"],
-        cwd=tmp_path, capture_output=True, text=True, check=True)
-    (tmp_path / "c.json").write_text(config.stdout)
-    address = f"127.0.0.1:{temporal_port}"
-    subprocess.run([str(tmp_path / ".venv" / "bin" / "temporal"), "workflow", "start", "--address", address,
-                    "--type", "TrainingWorkflow", "--task-queue", "vime-rollout", "--workflow-id", "train-exp-c",
-                    "--input-file", "c.json"], cwd=tmp_path, check=True, capture_output=True)
-    async def rollouts() -> dict[str, str]:  # step 0's two groups (workflow ids by data position)
-        client, found = await Client.connect(address), {}
-        for workflow_id in ("exp-c-rollout-0", "exp-c-rollout-1"):
-            try:
-                found[workflow_id] = (await client.get_workflow_handle(workflow_id).describe()).status.name
-            except RPCError:  # not started yet
-                pass
-        return found
+    def start(self, run_id: str, *flags: str) -> None:
+        """`vime config` (the README's flags, `flags` on top) > RUN.json; `temporal workflow start`."""
+        config = subprocess.run(
+            [str(self.bin / "vime"), "config", "--run-id", run_id, "--hf-checkpoint", str(self.model),
+             "--prompt-data", str(self.tmp_path / "prompts.jsonl"), "--input-key", "prompt", "--label-key", "label",
+             "--rm-type", "exact_match", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
+             "--rollout-max-response-len", "8", "--num-rollout", "2",
+             "--store-url", f"sqlite:///{self.tmp_path}/runs/vime.db", "--vllm-router-ip", "127.0.0.1",
+             "--vllm-router-port", str(self.engine_port), "--vllm-server-urls", f"http://127.0.0.1:{self.engine_port}",
+             *flags], cwd=self.tmp_path, capture_output=True, text=True, check=True)
+        (self.tmp_path / f"{run_id}.json").write_text(config.stdout)
+        subprocess.run([str(self.bin / "temporal"), "workflow", "start", "--address", self.address, "--type",
+                        "TrainingWorkflow", "--task-queue", "vime-rollout", "--workflow-id", f"train-{run_id}",
+                        "--input-file", f"{run_id}.json"], cwd=self.tmp_path, check=True, capture_output=True)
 
+    def result(self, run_id: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.bin / "temporal"), "workflow", "result", "--address", self.address,
+                               "--workflow-id", f"train-{run_id}"], capture_output=True, text=True, timeout=600)
+
+    def statuses(self, *workflow_ids: str) -> dict[str, str]:
+        """Each workflow's status (those not started yet left out)."""
+        from temporalio.client import Client
+        from temporalio.service import RPCError
+
+        async def describe() -> dict[str, str]:
+            client, found = await Client.connect(self.address), {}
+            for workflow_id in workflow_ids:
+                try:
+                    found[workflow_id] = (await client.get_workflow_handle(workflow_id).describe()).status.name
+                except RPCError:
+                    pass
+            return found
+        return asyncio.run(describe())
+
+
+def bad_runs_fail_in_one_line_and_free_the_trainer(pool: Pool) -> None:
+    """A run whose data is missing fails at its start, before a trainer is leased and with
+    nothing recorded; a run whose reward raises fails after it leased the trainer, and frees it
+    (`cancel_a_run_in_flight` after this needs it)."""
+    pool.start("exp-nodata", "--prompt-data", str(pool.tmp_path / "missing.jsonl"))
+    nodata = pool.result("exp-nodata")
+    assert nodata.returncode != 0 and "--prompt-data" in nodata.stdout and "missing.jsonl" in nodata.stdout, nodata
+    with SampleStore.open(f"sqlite:///{pool.tmp_path}/runs/vime.db") as store:
+        assert store.run_argv("exp-nodata") is None
+    (pool.tmp_path / "boom.py").write_text("async def rm(args, sample):\n    raise ValueError('boom')\n")
+    pool.start("exp-boom", "--custom-rm-path", "boom.rm")
+    boom = pool.result("exp-boom")
+    assert boom.returncode != 0 and "boom" in boom.stdout, boom
+    for done in (nodata, boom):
+        print("[long-lived workers]", next(line.strip() for line in done.stdout.splitlines() if "Message" in line))
+
+
+def cancel_a_run_in_flight(pool: Pool) -> dict:
+    """Start run exp-c (its reward takes a minute, so its rollouts stay in flight), cancel it
+    with `vime cancel` while both of its step's rollout workflows run, and report how it and its
+    rollouts ended."""
+    (pool.tmp_path / "slow_rm.py").write_text("import asyncio\n\nasync def rm(args, sample):\n"
+                                              "    await asyncio.sleep(60)\n    return 1.0\n")
+    pool.start("exp-c", "--custom-rm-path", "slow_rm.rm")
+    rollouts = ("exp-c-rollout-0", "exp-c-rollout-1")  # step 0's groups (workflow ids by data position)
     deadline = time.monotonic() + 300
-    while list(asyncio.run(rollouts()).values()) != ["RUNNING", "RUNNING"] and time.monotonic() < deadline:
+    while list(pool.statuses(*rollouts).values()) != ["RUNNING", "RUNNING"] and time.monotonic() < deadline:
         time.sleep(0.5)
-    result = subprocess.run([vime_bin, "cancel", "exp-c", "--temporal-address", address], cwd=tmp_path,
-                            capture_output=True, text=True)
-
-    async def parent() -> str:
-        return (await (await Client.connect(address)).get_workflow_handle("train-exp-c").describe()).status.name
-
-    status, children = asyncio.run(parent()), asyncio.run(rollouts())
-    return {"stdout": result.stdout, "stderr": result.stderr, "status": status, "children": children}
+    result = subprocess.run([str(pool.bin / "vime"), "cancel", "exp-c", "--temporal-address", pool.address],
+                            cwd=pool.tmp_path, capture_output=True, text=True)
+    return {"stdout": result.stdout, "stderr": result.stderr, "status": pool.statuses("train-exp-c")["train-exp-c"],
+            "children": pool.statuses(*rollouts)}
 
 
 # ---- a run's config on any worker ---------------------------------------------------------------
@@ -154,13 +190,27 @@ def test_a_run_nobody_recorded_is_one_line_that_says_how_to_start_it(tmp_path):
         runs.args("ghost")
 
 
-def test_the_store_keeps_a_run_s_latest_flags_and_creates_the_run(tmp_path):
+def test_a_starting_run_s_flags_are_checked_as_vime_train_checks_them(tmp_path, tiny_model_dir):
+    runs = RunArgs(worker_args(tmp_path), lambda run_id: None)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "p", "label": "1"}\n')
+    good = ["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(prompts), "--input-key", "prompt",
+            "--rollout-batch-size", "1",
+            "--num-rollout", "1", "--n-samples-per-prompt", "2", "--run-id", "exp"]
+    assert runs.checked("exp", good).prompt_data == str(prompts)
+    with pytest.raises(ConfigError, match=r"^run 'exp': --hf-checkpoint .*/nowhere"):
+        runs.checked("exp", [*good, "--hf-checkpoint", str(tmp_path / "nowhere")])
+    with pytest.raises(ConfigError, match=r"^run 'exp': its flags: unknown flag --rm-tpye"):
+        runs.checked("exp", [*good, "--rm-tpye", "math"])
+
+
+def test_the_store_keeps_a_run_s_latest_flags_and_config_and_creates_the_run(tmp_path):
     with SampleStore.open(tmp_path) as store:
         assert store.run_argv("exp") is None
-        store.register_run("exp", ["--num-rollout", "2"])
-        store.register_run("exp", ["--num-rollout", "3"])
+        store.register_run("exp", ["--num-rollout", "2"], {"num_rollout": 2})
+        store.register_run("exp", ["--num-rollout", "3"], {"num_rollout": 3})
         assert store.run_argv("exp") == ["--num-rollout", "3"]
-        assert store.ensure_run("exp") == {"argv": ["--num-rollout", "3"]}
+        assert store.ensure_run("exp") == {"argv": ["--num-rollout", "3"], "num_rollout": 3}
 
 
 # ---- a trainer leased to one run at a time ------------------------------------------------------

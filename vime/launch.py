@@ -45,6 +45,7 @@ from vime.errors import VimeError
 from vime.follow import Follower
 from vime.log import get_logger
 from vime.preflight import preflight
+from vime.run_args import stored_config
 from vime.rundir import RunDirLock, remove_launch_info, write_launch_info
 from vime.store import SampleStore
 from vime.recovery import recover_from_earlier_launch
@@ -205,7 +206,7 @@ class Launch:
                 print(f"[vime] stopped {len(lock.leftovers)} process(es) an earlier launch of this run left "
                       f"running (pids {' '.join(map(str, lock.leftovers[:10]))})", flush=True)
             with SampleStore.open(args.store_url) as store:
-                store.ensure_run(args.run_id, {k: v for k, v in args.to_dict().items() if k != "vllm_config_data"})
+                store.ensure_run(args.run_id, stored_config(args))
             live_weights.remove(run_dir)
             try:
                 return await self._serve()

@@ -19,6 +19,7 @@ from typing import Any
 
 from vime.args import VimeArgs, parse_args
 from vime.errors import ConfigError
+from vime.preflight import preflight
 
 WORKER_FLAGS = {"store_url": "--store-url", "temporal_address": "--temporal-address",
                 "temporal_namespace": "--temporal-namespace", "rollout_task_queue": "--rollout-task-queue",
@@ -41,6 +42,11 @@ def worker_overrides(args: VimeArgs) -> list[str]:
     return out
 
 
+def stored_config(args: VimeArgs) -> dict[str, Any]:
+    """The config kept with a run in the store (everything but the inlined `--vllm-config` file)."""
+    return {k: v for k, v in args.to_dict().items() if k != "vllm_config_data"}
+
+
 class RunArgs:
     """`args(run_id)`: the run's `VimeArgs` (cached per recorded flags) and what is built from them."""
 
@@ -51,9 +57,12 @@ class RunArgs:
         self._derived: dict[tuple[str, str], tuple[VimeArgs, Any]] = {}
         self._lock = threading.Lock()
 
+    def _own(self, run_id: str) -> bool:
+        return serves_own_run(self.worker_args) and run_id == self.worker_args.run_id
+
     def args(self, run_id: str) -> VimeArgs:
         """The config of run `run_id` (`ConfigError` if no workflow or launcher has recorded it)."""
-        if serves_own_run(self.worker_args) and run_id == self.worker_args.run_id:
+        if self._own(run_id):
             return self.worker_args
         argv = self._read_argv(run_id)
         if not argv:
@@ -64,13 +73,29 @@ class RunArgs:
             cached = self._cache.get(run_id)
             if cached is not None and cached[0] == argv:
                 return cached[1]
-        try:
-            parsed = parse_args([*argv, *worker_overrides(self.worker_args)])
-        except ConfigError as e:
-            raise ConfigError(f"run {run_id!r}: its recorded flags do not parse on this worker: {e}") from None
+        parsed = self._parse(run_id, argv)
         with self._lock:
             self._cache[run_id] = (argv, parsed)
         return parsed
+
+    def checked(self, run_id: str, argv: list[str]) -> VimeArgs:
+        """A starting run's flags as this worker will read them, checked as `vime train` checks
+        them before it starts anything (paths, data, hooks): one `ConfigError` line, before the
+        run is recorded or a trainer is leased to it. The worker's own run was checked by its launcher."""
+        if self._own(run_id):
+            return self.worker_args
+        args = self._parse(run_id, argv)
+        try:
+            preflight(args)
+        except ConfigError as e:
+            raise ConfigError(f"run {run_id!r}: {e}") from None
+        return args
+
+    def _parse(self, run_id: str, argv: list[str]) -> VimeArgs:
+        try:
+            return parse_args([*argv, *worker_overrides(self.worker_args)])
+        except ConfigError as e:
+            raise ConfigError(f"run {run_id!r}: its flags: {e}") from None
 
     def derived(self, run_id: str, name: str, build: Callable[[VimeArgs], Any]) -> Any:
         """`build(args)` for the run, kept until its config changes (a data source, a tokenizer)."""

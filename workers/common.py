@@ -24,7 +24,7 @@ from temporalio.worker import Worker
 
 from vime.errors import ConfigError, ServiceError, VimeError
 from vime.log import configure_logging, get_logger
-from vime.run_args import serves_own_run
+from vime.run_args import serves_own_run, stored_config
 from vime.temporal.client import connect, ensure_search_attributes
 
 log = get_logger(__name__)
@@ -62,7 +62,7 @@ def ensure_run(args, store) -> None:
     """Create the worker's own run in the store on first use (a worker started by hand with a
     run's flags, before any launcher). A long-lived worker has none: runs record themselves."""
     if serves_own_run(args):
-        store.ensure_run(args.run_id, {k: v for k, v in args.to_dict().items() if k != "vllm_config_data"})
+        store.ensure_run(args.run_id, stored_config(args))
 
 
 def announce(kind: str, workers: Sequence[Worker], args) -> None:

@@ -48,7 +48,7 @@ async def serve(args) -> None:
     with SampleStore.open(args.store_url) as store:
         ensure_run(args, store)
         acts = RolloutActivities(args, store)
-        activities = [acts.generate_group, acts.generate_rollout_step, *StepActivities(store).all(),
+        activities = [acts.register_run, acts.generate_group, acts.generate_rollout_step, *StepActivities(store).all(),
                       MetricsActivities(acts.runs).record_metrics]
         sandboxes = None
         workers = []

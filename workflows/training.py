@@ -38,7 +38,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import (ActivityError, ApplicationError, ChildWorkflowError, TimeoutError,
+from temporalio.exceptions import (ActivityError, ApplicationError, ChildWorkflowError, FailureError, TimeoutError,
                                   is_cancelled_exception)
 
 with workflow.unsafe.imports_passed_through():
@@ -52,50 +52,8 @@ with workflow.unsafe.imports_passed_through():
                                    rollout_retry_policy, rollout_workflow_id, starting_search_attributes)
     from workflows.steps import (RECORD_METRICS, RECORD_STEP, RECORDED_STEPS, REGISTER_RUN, RecordedStep,
                                  RecordedStepsInput, RunRegistration, StepMetrics, StepRecord)
-
-WORKER_LOST = "WorkerLost"  # an activity the launcher failed because it saw its worker die
-TRAINER_BUSY = "TrainerBusy"  # pick_trainer: leased to another run (retried until it is free)
-
-
-@dataclass
-class TrainerInfo:
-    queue: str
-    step: int
-    identity: str = ""
-
-
-@dataclass
-class PickInput:
-    run_id: str  # the run the picked trainer is leased to
-
-
-@dataclass
-class AttachInput:
-    run_id: str
-    step: int  # the step the trainer must be at after attaching
-    checkpoint: str | None = None
-
-
-@dataclass
-class TrainInput:
-    run_id: str
-    step: int  # the trainer reads the step's manifest and samples from the store
-
-
-@dataclass
-class SyncInput:
-    weight_version: int
-    engine_urls: list[str] = field(default_factory=list)  # empty: the trainer's own --vllm-server-urls
-
-
-@dataclass
-class SaveInput:
-    run_id: str
-    root: str
-    step: int
-    weight_version: int
-    data_position: int
-
+    from workflows.trainer_calls import (TRAINER_BUSY, WORKER_LOST, AttachInput, PickInput, SaveInput,  # noqa: F401
+                                         SyncInput, TrainerInfo, TrainInput)
 
 @dataclass
 class TrainingConfig:
@@ -192,6 +150,7 @@ class TrainingWorkflow:
         self.async_metrics: dict[int, dict] = {}  # fully async: staleness of each step taken
         self.next_take = 0  # fully async: the next step to take groups for
         self.children_running = 0  # rollout workflows started and not yet ended
+        self.leased: list[str] = []  # the queues of the trainers this run leased (released at its end)
 
     @workflow.query
     def progress(self) -> dict:
@@ -216,21 +175,30 @@ class TrainingWorkflow:
         self.prefetch: dict[int, asyncio.Task[RecordedStep]] = {}
         try:
             return await self._run(inp)
-        except BaseException as e:  # asyncio's, or a rollout's whose cancel reached it first
+        except FailureError as e:  # the run fails (a cancel is handled below): free its trainer for others
             if not is_cancelled_exception(e):
+                await self._release_trainer()
                 raise
-            self.phase = "cancelling"
-            steps = list(self.prefetch.values())
-            for task in steps:
-                task.cancel()
-            await asyncio.gather(*steps, return_exceptions=True)
-            if self.pool:
-                await self.pool.cancel()
-            # A rollout closed with its parent is terminated, its cleanup cut: wait for each to end.
-            await workflow.wait_condition(lambda: self.children_running == 0)
-            await self._release_trainer()
-            workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("cancelled")])
+            await self._cancel_rollouts()
             raise
+        except asyncio.CancelledError:
+            await self._cancel_rollouts()
+            raise
+
+    async def _cancel_rollouts(self) -> None:
+        """The run is being cancelled: cancel the rollouts in flight, wait for their cleanup, free
+        the trainer."""
+        self.phase = "cancelling"
+        steps = list(self.prefetch.values())
+        for task in steps:
+            task.cancel()
+        await asyncio.gather(*steps, return_exceptions=True)
+        if self.pool:
+            await self.pool.cancel()
+        # A rollout closed with its parent is terminated, its cleanup cut: wait for each to end.
+        await workflow.wait_condition(lambda: self.children_running == 0)
+        await self._release_trainer()
+        workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("cancelled")])
 
     async def _run(self, inp: TrainingInput) -> TrainingState:
         cfg, self.cfg, self.state = inp.config, inp.config, inp.state
@@ -291,16 +259,18 @@ class TrainingWorkflow:
         return self.state
 
     async def _release_trainer(self) -> None:
-        """Free the run's trainer for the next run at once (else its lease runs out). Best effort:
-        a trainer that is gone has nothing to free."""
-        if self.trainer is None or not workflow.patched(RELEASE_TRAINER_PATCH):
+        """Free the trainers this run leased for the next run at once (else their leases run out).
+        Best effort: a trainer that is gone has nothing to free."""
+        if not self.leased or not workflow.patched(RELEASE_TRAINER_PATCH):
             return
-        try:
-            await workflow.execute_activity("release_trainer", self.cfg.run_id, task_queue=self.trainer.queue,
-                                            schedule_to_start_timeout=timedelta(seconds=30), **_short(30),
-                                            retry_policy=RetryPolicy(maximum_attempts=1))
-        except ActivityError as e:
-            workflow.logger.warning("release_trainer: %s", e.cause)
+        for queue in self.leased:
+            try:
+                await workflow.execute_activity("release_trainer", self.cfg.run_id, task_queue=queue,
+                                                schedule_to_start_timeout=timedelta(seconds=30), **_short(30),
+                                                retry_policy=RetryPolicy(maximum_attempts=1))
+            except ActivityError as e:
+                workflow.logger.warning("release_trainer %s: %s", queue, e.cause)
+        self.leased.clear()
 
     async def _record_metrics(self, step: int, metrics: dict) -> None:
         """`<run_dir>/metrics.jsonl` gets the step's line. A run whose history predates this call
@@ -492,7 +462,10 @@ class TrainingWorkflow:
         info = await workflow.execute_activity(
             "pick_trainer", PickInput(cfg.run_id), result_type=TrainerInfo, task_queue=cfg.trainer_task_queue,
             schedule_to_close_timeout=timedelta(hours=1),  # waiting out a busy trainer, checked every 10 s at most
+            start_to_close_timeout=timedelta(seconds=30),  # an answer is instant: a lost attempt is tried again
             retry_policy=RetryPolicy(maximum_attempts=0, maximum_interval=timedelta(seconds=10)))
+        if info.queue not in self.leased:
+            self.leased.append(info.queue)
         at = await workflow.execute_activity(
             "attach_trainer", AttachInput(cfg.run_id, self.state.checkpoint_step, self.state.checkpoint),
             result_type=int, task_queue=info.queue, schedule_to_start_timeout=timedelta(seconds=30),

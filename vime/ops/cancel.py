@@ -42,7 +42,7 @@ async def cancel_run(address: str, namespace: str, run_id: str, wait_s: float = 
         described = await handle.describe()
         if described.status != WorkflowExecutionStatus.RUNNING:
             return (f"run {run_id}: {described.status.name.lower()} (train-{run_id} and the rollouts it had in "
-                    "flight; their sandboxes are torn down); its samples stay in the store")
+                    "flight, each after its cleanup); its samples stay in the store")
         await asyncio.sleep(1.0)
     return (f"run {run_id}: cancel requested, still cleaning up after {wait_s:.0f} s (its rollouts tear their "
             f"sandboxes down); `vime status {run_id}` shows when it has ended")

@@ -80,6 +80,8 @@ def samples_main(argv: list[str]) -> int:
     f = SampleFilter(step=args.step, status=args.status, rollout=args.rollout, untrained=args.untrained,
                      failed=args.failed, where=args.where, limit=args.limit or 2**31 - 1, offset=args.offset)
     with open_existing(store_for(args)) as store:
+        if args.run not in {r.run_id for r in run_summaries(store)}:
+            raise ConfigError(f"run {args.run!r} is not in the store at {store_for(args)}; `vime runs` lists the runs")
         lines, total = sample_lines(store, args.run, f)
     if args.json:
         print(json.dumps({"total": total, "samples": [line.to_dict() for line in lines]}, indent=1))

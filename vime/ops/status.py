@@ -10,7 +10,7 @@ from datetime import timedelta
 
 from temporalio.service import RPCError
 
-from vime.errors import ServiceError, VimeError
+from vime.errors import VimeError
 from vime.ops.commands import run_parser
 from vime.ops.locate import open_existing, run_dir_of, store_for
 from vime.ops.queries import run_summaries
@@ -29,8 +29,7 @@ async def live_progress(address: str, namespace: str, run_id: str) -> dict:
     try:  # answered by a worker of the run: none when no launch (or worker pool) is up
         progress = await handle.query("progress", rpc_timeout=timedelta(seconds=QUERY_TIMEOUT_S))
     except RPCError as e:
-        raise ServiceError(f"the run's workflow is running but no worker answered ({e.message}); is a launch of "
-                           "it running?") from None
+        return {"workflow": "running", "live_error": f"no worker answered its query ({e.message})"}
     return {"workflow": "running", **progress}
 
 
@@ -62,6 +61,8 @@ def status_main(argv: list[str]) -> int:
             status.update(source="store", step=summary.steps_trained, num_rollout=summary.num_rollout,
                           state=summary.progress if summary.progress == "finished" else "stopped",
                           last_reward=summary.last_reward)
+            if status.get("workflow") not in (None, "running"):  # Temporal knows how it ended
+                status["state"] = "finished" if status["workflow"] == "completed" else status["workflow"]
     if args.json:
         print(json.dumps(status, indent=1, default=str))
         return 0
@@ -80,7 +81,14 @@ def _line(s: dict) -> str:
                 + (f"; Web UI {s['ui']}" if s.get("ui") else ""))
     if s.get("state") == "unknown run":
         return f"run {s['run_id']}: not in the store; `vime runs` lists the runs"
-    reward = s.get("last_reward")
-    return (f"run {s['run_id']}: {s['state']} at {where} (no launch running)"
-            + (f", last reward {reward:.3f}" if reward is not None else "")
+    reward = ("" if s.get("last_reward") is None else f", last reward {s['last_reward']:.3f}")
+    workflow = s.get("workflow")
+    if workflow == "running":  # its workflow runs, but nothing answered for it
+        return (f"run {s['run_id']}: its workflow is running, at {where} in the store{reward}, but no worker "
+                "answered its query: are the run's workers (or its launch) up?")
+    if workflow:  # it ended: say how, from Temporal
+        return (f"run {s['run_id']}: its workflow {workflow} at {where}{reward}"
+                + ("" if workflow == "completed" else "; the same `vime train` command, or `temporal workflow "
+                   "start` with its `vime config` JSON, starts it again from its last checkpoint"))
+    return (f"run {s['run_id']}: {s['state']} at {where} (no launch running){reward}"
             + ("" if s["state"] == "finished" else "; the same `vime train` command resumes it"))

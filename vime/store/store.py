@@ -155,23 +155,24 @@ class SampleStore:
         self._known_runs.add(run_id)
         return stored_config
 
-    def register_run(self, run_id: str, argv: Sequence[str]) -> None:
-        """Record the flags run `run_id` was (re)started with, creating the run if it is new.
+    def register_run(self, run_id: str, argv: Sequence[str], config: Mapping[str, Any] | None = None) -> None:
+        """Record the flags run `run_id` was (re)started with (and the config parsed from them),
+        creating the run if it is new.
 
-        Workers that serve many runs build a run's config from these (`vime.run_args`); a run
+        Workers that serve many runs build a run's config from the flags (`vime.run_args`); a run
         restarted with other flags (another engine address, more steps) replaces them.
         """
         run_id = q.check_run_id(run_id)
         argv = [str(a) for a in argv]
+        fields = {**(check_json("run config", dict(config)) if config else {}), "argv": argv}
 
         def work(conn: Connection) -> None:
             stored = conn.execute(select(RunRow.config).where(RunRow.run_id == run_id)).first()
             if stored is None:
-                conn.execute(insert(RunRow.__table__), {"run_id": run_id, "config": {"argv": argv},
-                                                        "created_at": utcnow()})
+                conn.execute(insert(RunRow.__table__), {"run_id": run_id, "config": fields, "created_at": utcnow()})
             else:
                 conn.execute(update(RunRow).where(RunRow.run_id == run_id).values(
-                    config={**(stored.config or {}), "argv": argv}))
+                    config={**(stored.config or {}), **fields}))
 
         self._write(work)
         self._known_runs.add(run_id)

@@ -1,0 +1,48 @@
+"""The trainer activities' names, error types and payloads (see activities/train.py): light, for workflows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+WORKER_LOST = "WorkerLost"  # an activity the launcher failed because it saw its worker die
+TRAINER_BUSY = "TrainerBusy"  # pick_trainer: leased to another run (retried until it is free)
+
+
+@dataclass
+class TrainerInfo:
+    queue: str
+    step: int
+    identity: str = ""
+
+
+@dataclass
+class PickInput:
+    run_id: str  # the run the picked trainer is leased to
+
+
+@dataclass
+class AttachInput:
+    run_id: str
+    step: int  # the step the trainer must be at after attaching
+    checkpoint: str | None = None
+
+
+@dataclass
+class TrainInput:
+    run_id: str
+    step: int  # the trainer reads the step's manifest and samples from the store
+
+
+@dataclass
+class SyncInput:
+    weight_version: int
+    engine_urls: list[str] = field(default_factory=list)  # empty: the trainer's own --vllm-server-urls
+
+
+@dataclass
+class SaveInput:
+    run_id: str
+    root: str
+    step: int
+    weight_version: int
+    data_position: int
