@@ -182,6 +182,8 @@ def test_a_worker_started_with_a_run_s_flags_uses_them_for_that_run(tmp_path):
     runs = RunArgs(own, lambda run_id: ["--hf-checkpoint", "/models/recorded", "--run-id", run_id])
     assert runs.args("mine") is own  # this launch's engine addresses, not an earlier launch's
     assert runs.args("other").hf_checkpoint == "/models/recorded"
+    unrecorded = RunArgs(own, lambda run_id: None)
+    assert unrecorded.args("bench-1") is own  # a run started without its flags gets the worker's
 
 
 def test_a_run_nobody_recorded_is_one_line_that_says_how_to_start_it(tmp_path):

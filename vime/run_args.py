@@ -7,7 +7,8 @@ of any run by its id: one pool of long-lived workers serves any number of runs.
 
 A worker started with a run's own flags (as `vime train` starts them) keeps using those for that
 run: they hold where this launch's engines listen now, which a run's recorded flags from an
-earlier launch may not. Everything else a worker owns stays the worker's, whatever the run says:
+earlier launch may not; it also takes them for a run that nothing recorded (a benchmark's runs,
+an older launcher's). Everything else a worker owns stays the worker's, whatever the run says:
 its store, its Temporal address and namespace, and its task queues.
 """
 
@@ -65,6 +66,8 @@ class RunArgs:
         if self._own(run_id):
             return self.worker_args
         argv = self._read_argv(run_id)
+        if not argv and serves_own_run(self.worker_args):  # a run started without its flags (a bench, a
+            return self.worker_args  # test, an older launcher): the worker's flags are its config, as ever
         if not argv:
             raise ConfigError(
                 f"run {run_id!r} is not recorded in this worker's store ({self.worker_args.store_url}): start it "
