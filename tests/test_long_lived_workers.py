@@ -129,7 +129,8 @@ def bad_runs_fail_in_one_line_and_free_the_trainer(pool: Pool) -> None:
     (`cancel_a_run_in_flight` after this needs it)."""
     pool.start("exp-nodata", "--prompt-data", str(pool.tmp_path / "missing.jsonl"))
     nodata = pool.result("exp-nodata")
-    assert nodata.returncode != 0 and "--prompt-data" in nodata.stdout and "missing.jsonl" in nodata.stdout, nodata
+    message = next(line for line in nodata.stdout.splitlines() if "Message" in line)
+    assert nodata.returncode != 0 and re.search(r"run 'exp-nodata': --prompt-data .*missing\.jsonl", message), nodata
     with SampleStore.open(f"sqlite:///{pool.tmp_path}/runs/vime.db") as store:
         assert store.run_argv("exp-nodata") is None
     (pool.tmp_path / "boom.py").write_text("async def rm(args, sample):\n    raise ValueError('boom')\n")

@@ -150,7 +150,7 @@ class TrainingWorkflow:
         self.async_metrics: dict[int, dict] = {}  # fully async: staleness of each step taken
         self.next_take = 0  # fully async: the next step to take groups for
         self.children_running = 0  # rollout workflows started and not yet ended
-        self.leased: list[str] = []  # the queues of the trainers this run leased (released at its end)
+        self.leased: str | None = None  # the queue of the trainer this run picked last (released at its end)
 
     @workflow.query
     def progress(self) -> dict:
@@ -165,7 +165,7 @@ class TrainingWorkflow:
         died: whatever trainer call is pending is abandoned and a live trainer attached now,
         instead of after a heartbeat or schedule-to-start timeout."""
         self.trainer_losses += 1
-        self.trainer = None
+        self.trainer = self.leased = None  # a dead trainer holds no lease worth releasing
 
     @workflow.run
     async def run(self, inp: TrainingInput) -> TrainingState:
@@ -205,8 +205,11 @@ class TrainingWorkflow:
         workflow.upsert_search_attributes([RUN_ID.value_set(cfg.run_id), ROLLOUT_STATUS.value_set("training")])
         if cfg.run_argv and workflow.patched(REGISTER_RUN_PATCH):  # before any worker needs the run's config
             self.phase = "register"
-            await workflow.execute_activity(REGISTER_RUN, RunRegistration(cfg.run_id, cfg.run_argv),
-                                            task_queue=cfg.rollout_task_queue, **_short(120))
+            try:
+                await workflow.execute_activity(REGISTER_RUN, RunRegistration(cfg.run_id, cfg.run_argv),
+                                                task_queue=cfg.rollout_task_queue, **_short(120))
+            except ActivityError as e:  # the run's flags are bad: say what the check said, as the message
+                raise _final(root_message(e)) from e
         await self._find_recorded_steps()
         prefetch = self.prefetch
         steps_this_run = 0
@@ -259,18 +262,18 @@ class TrainingWorkflow:
         return self.state
 
     async def _release_trainer(self) -> None:
-        """Free the trainers this run leased for the next run at once (else their leases run out).
-        Best effort: a trainer that is gone has nothing to free."""
-        if not self.leased or not workflow.patched(RELEASE_TRAINER_PATCH):
+        """Free the trainer this run picked last for the next run at once (else its lease runs out;
+        also when its attach failed). A trainer the run lost is not asked (it is gone, and asking
+        a dead queue would hold the run's end up until the schedule-to-start timeout)."""
+        queue, self.leased = self.leased, None
+        if queue is None or not workflow.patched(RELEASE_TRAINER_PATCH):
             return
-        for queue in self.leased:
-            try:
-                await workflow.execute_activity("release_trainer", self.cfg.run_id, task_queue=queue,
-                                                schedule_to_start_timeout=timedelta(seconds=30), **_short(30),
-                                                retry_policy=RetryPolicy(maximum_attempts=1))
-            except ActivityError as e:
-                workflow.logger.warning("release_trainer %s: %s", queue, e.cause)
-        self.leased.clear()
+        try:
+            await workflow.execute_activity("release_trainer", self.cfg.run_id, task_queue=queue,
+                                            schedule_to_start_timeout=timedelta(seconds=30), **_short(30),
+                                            retry_policy=RetryPolicy(maximum_attempts=1))
+        except ActivityError as e:
+            workflow.logger.warning("release_trainer %s: %s", queue, e.cause)
 
     async def _record_metrics(self, step: int, metrics: dict) -> None:
         """`<run_dir>/metrics.jsonl` gets the step's line. A run whose history predates this call
@@ -464,8 +467,7 @@ class TrainingWorkflow:
             schedule_to_close_timeout=timedelta(hours=1),  # waiting out a busy trainer, checked every 10 s at most
             start_to_close_timeout=timedelta(seconds=30),  # an answer is instant: a lost attempt is tried again
             retry_policy=RetryPolicy(maximum_attempts=0, maximum_interval=timedelta(seconds=10)))
-        if info.queue not in self.leased:
-            self.leased.append(info.queue)
+        self.leased = info.queue
         at = await workflow.execute_activity(
             "attach_trainer", AttachInput(cfg.run_id, self.state.checkpoint_step, self.state.checkpoint),
             result_type=int, task_queue=info.queue, schedule_to_start_timeout=timedelta(seconds=30),
@@ -509,7 +511,9 @@ class TrainingWorkflow:
                 self.trainer = None
                 lost = isinstance(e.cause, TimeoutError) or (
                     isinstance(e.cause, ApplicationError) and e.cause.type == WORKER_LOST)
-                if not lost:
+                if lost:  # dead, or leased to another run since: nothing of this run's to release
+                    self.leased = None
+                else:
                     errors += 1
                     if errors >= MAX_TRAINER_ERRORS:
                         raise ApplicationError(f"{phase} failed {errors} times: {root_message(e)}",
