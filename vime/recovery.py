@@ -31,10 +31,9 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from vime.log import get_logger
+from workflows.trainer_calls import WORKER_LOST  # the type the training workflow reads as "trainer lost"
 
 log = get_logger(__name__)
-
-WORKER_LOST = "WorkerLost"
 
 
 async def recover_from_worker_death(client: Client, run_id: str, identity: str, reason: str) -> int:

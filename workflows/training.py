@@ -52,8 +52,8 @@ with workflow.unsafe.imports_passed_through():
                                    rollout_retry_policy, rollout_workflow_id, starting_search_attributes)
     from workflows.steps import (RECORD_METRICS, RECORD_STEP, RECORDED_STEPS, REGISTER_RUN, RecordedStep,
                                  RecordedStepsInput, RunRegistration, StepMetrics, StepRecord)
-    from workflows.trainer_calls import (TRAINER_BUSY, WORKER_LOST, AttachInput, PickInput, SaveInput,  # noqa: F401
-                                         SyncInput, TrainerInfo, TrainInput)
+    from workflows.trainer_calls import (WORKER_LOST, AttachInput, PickInput, SaveInput, SyncInput, TrainerInfo,
+                                         TrainInput)
 
 @dataclass
 class TrainingConfig:
