@@ -282,8 +282,9 @@ def test_argv_reparses_to_the_same_run_in_another_directory(tmp_path, monkeypatc
 
 def test_vllm_config_is_read_and_checked(tmp_path):
     good = tmp_path / "servers.yaml"
-    good.write_text("vllm:\n  - name: actor\n    num_servers: 2\n")
-    assert parse_args(["--vllm-config", str(good)]).vllm_config_data == {"vllm": [{"name": "actor", "num_servers": 2}]}
+    good.write_text("vllm:\n  - name: actor\n    server_groups: [{worker_type: regular, num_gpus: 2}]\n")
+    assert parse_args(["--vllm-config", str(good), "--hf-checkpoint", str(tmp_path)]).vllm_config_data == {
+        "vllm": [{"name": "actor", "server_groups": [{"worker_type": "regular", "num_gpus": 2}]}]}
 
     assert "cannot read it" in error_of(["--vllm-config", str(tmp_path / "missing.yaml")])
     broken = tmp_path / "broken.yaml"
@@ -395,9 +396,10 @@ def test_flags_vime_sets_per_server_are_refused(flag, value, hint):
 def test_vimes_own_vllm_flags_take_precedence(tmp_path):
     """vLLM's `--config` would be `--vllm-config`; vime's YAML flag keeps that name."""
     config = tmp_path / "servers.yaml"
-    config.write_text("vllm: []\n")
-    args = parse_args(["--vllm-config", str(config), "--vllm-router-port", "9000", "--vllm-enforce-eager"])
-    assert args.vllm_config_data == {"vllm": []} and args.vllm_router_port == 9000
+    config.write_text("vllm: [{name: actor, server_groups: [{worker_type: regular, num_gpus: 1}]}]\n")
+    args = parse_args(["--vllm-config", str(config), "--vllm-router-port", "9000", "--vllm-enforce-eager",
+                       "--hf-checkpoint", str(tmp_path)])
+    assert args.vllm_config_data["vllm"][0]["name"] == "actor" and args.vllm_router_port == 9000
     assert args.vllm_server_args == ["--enforce-eager"]
 
 

@@ -74,3 +74,25 @@ async def test_a_dead_server_comes_back_on_its_address_and_the_third_death_stops
         with pytest.raises(ServiceError, match=r"vLLM server 0 \(http://127.0.0.1:4242\) died 3 times in 10 minutes; "
                                                r"last error: killed by SIGKILL; see .*vllm-0.log"):
             await fleet.check()
+
+
+async def test_a_frozen_models_server_comes_back_on_its_checkpoint_not_the_policys_live_weights(
+        tmp_path, monkeypatch):
+    """In a `--vllm-config` topology, a reward model's server that dies reloads the reward model;
+    only the policy's servers restart from the weights the trainer synced last."""
+    from vime.engine import live_weights
+
+    live = (tmp_path / "live", 7)
+    monkeypatch.setattr(live_weights, "current", lambda run_dir: live)
+    policy = EngineFleet([SleepingServer("policy", tmp_path / "vllm-actor-0.log", 4243)], run_dir=tmp_path,
+                         name="actor")
+    frozen = EngineFleet([SleepingServer("reward-model", tmp_path / "vllm-reward-0.log", 4244)], run_dir=tmp_path,
+                         name="reward", follows_training=False)
+    with policy, frozen:
+        monkeypatch.setattr("vime.engine.fleet._post_json", lambda url, payload: None)
+        for fleet in (policy, frozen):
+            kill(fleet.slots[0].server)
+        policy_lines, frozen_lines = await restarted(policy), await restarted(frozen)
+    assert policy.slots[0].server.model == str(tmp_path / "live") and "weight version 7" in policy_lines[-1]
+    assert frozen.slots[0].server.model == "reward-model" and "its checkpoint (a frozen model)" in frozen_lines[-1]
+    assert "vLLM server reward 0 (http://127.0.0.1:4244) died" in frozen_lines[0]

@@ -227,6 +227,10 @@ class VimeArgs:
     vllm_server_urls: list[str] | None = _orchestration(
         None, "vLLM servers to push weights to (default: the ones vime starts).", nargs="+"
     )
+    vllm_model_urls: list[str] | None = _orchestration(
+        None, "NAME=URL of each model a --vllm-config serves (default: the ones vime starts); a reward "
+              "function finds them in args.vllm_model_routers.", nargs="+"
+    )
     store_url: str | None = _orchestration(None, "SQLAlchemy URL of the sample store (default: SQLite in run dir).")
     continue_as_new_after_steps: int = _orchestration(
         0, "Start a fresh training-workflow run (continue-as-new) every N steps, bounding its history "
@@ -267,6 +271,7 @@ class VimeArgs:
     vllm_server_args: list[str] = field(default_factory=list)
     router_args: list[str] = field(default_factory=list)
     vllm_config_data: dict | None = None
+    vllm_model_routers: dict[str, str] = field(default_factory=dict)  # model name -> URL (its router or server)
     argv: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

@@ -106,10 +106,25 @@ def resolve(args: Any) -> None:
     args.run_dir = os.path.abspath(args.run_dir)
     if args.store_url is None:
         args.store_url = f"sqlite:///{Path(args.run_dir) / 'vime.db'}"
+    args.vllm_model_routers = _model_urls(args.vllm_model_urls or [])
     if args.vllm_config is not None:
         from vime.engine.vllm_config import read_vllm_config
 
         args.vllm_config_data = read_vllm_config(args.vllm_config)
+        from vime.args_forward import CHECKED_ENV
+        from vime.engine.topology import topology_of
+
+        topology_of(args, check_overrides=os.environ.get(CHECKED_ENV) != "1")  # a bad file fails here
+
+
+def _model_urls(pairs: list[str]) -> dict[str, str]:
+    urls = {}
+    for pair in pairs:
+        name, sep, url = pair.partition("=")
+        if not sep or not name or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--vllm-model-urls {pair!r}: expected NAME=http://HOST:PORT (e.g. reward=http://10.0.0.3:8000)")
+        urls[name] = url.rstrip("/")
+    return urls
 
 
 def trains_on_rollouts(args: Any) -> bool:

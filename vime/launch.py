@@ -38,9 +38,8 @@ from temporalio.service import RPCError, RPCStatusCode
 from vime.args_forward import CHECKED_ENV
 from vime.args_resolve import DEFAULT_ROLLOUT_FUNCTION
 from vime.engine import live_weights
-from vime.engine.fleet import EngineFleet
-from vime.engine.server import VLLMServer
-from vime.engine.weight_sync import weight_sync_server_args
+from vime.engine.model_fleets import ModelFleets, model_fleets
+from vime.engine.topology import topology_of
 from vime.errors import VimeError
 from vime.follow import Follower
 from vime.log import get_logger
@@ -64,6 +63,7 @@ class ExternalEngines:
 
     url: str
     server_urls: list[str]
+    model_urls: dict[str, str]
 
     async def check(self) -> list[str]:
         return []
@@ -73,27 +73,25 @@ class ExternalEngines:
 
 
 @contextlib.contextmanager
-def engines(args, run_dir: Path) -> Iterator[EngineFleet | ExternalEngines]:
-    """The rollout servers: the ones given by --vllm-router-ip/port, else N started (and kept) here."""
+def engines(args, run_dir: Path) -> Iterator[ModelFleets | ExternalEngines]:
+    """The rollout servers: the ones given by --vllm-router-ip/port, else the run's topology
+    (`--vllm-config`, or N servers of the policy) started (and kept) here."""
     if args.vllm_router_ip and args.vllm_router_port:
         url = f"http://{args.vllm_router_ip}:{args.vllm_router_port}"
-        yield ExternalEngines(url, list(args.vllm_server_urls or [url]))
+        yield ExternalEngines(url, list(args.vllm_server_urls or [url]), dict(args.vllm_model_routers))
         return
-    server_args = weight_sync_server_args() + list(args.vllm_server_args)
-    servers = [VLLMServer(args.hf_checkpoint, server_args=server_args, log_path=run_dir / f"vllm-{i}.log",
-                          run_dir=run_dir) for i in range(args.vllm_num_servers)]
-    router = None
-    if len(servers) > 1:
-        from vime.router.launch import Router
-
-        router = Router([s.url for s in servers], args.router_args, log_path=run_dir / "router.log", run_dir=run_dir)
-    print(f"[vime] starting {len(servers)} vLLM server(s) on {args.hf_checkpoint} (log: {servers[0].log_path})",
-          flush=True)
-    fleet = EngineFleet(servers, run_dir=run_dir, router=router).start()  # `wait_ready` once the workers start
+    topology = topology_of(args, check_overrides=False)  # checked when the flags were parsed
+    fleets = model_fleets(topology, run_server_args=list(args.vllm_server_args), router_args=list(args.router_args),
+                          run_dir=run_dir)
+    for model in topology.models:
+        log_path = fleets.fleets[model.name].slots[0].server.log_path
+        print(f"[vime] starting {model.num_servers} vLLM server(s) for {model.name} on {model.model_path}"
+              f"{'' if model.update_weights else ' (frozen)'} (log: {log_path})", flush=True)
+    fleets.start()  # `wait_ready` once the workers start
     try:
-        yield fleet
+        yield fleets
     finally:
-        fleet.__exit__()
+        fleets.__exit__()
 
 
 def initial_state(args) -> TrainingState:
@@ -179,10 +177,15 @@ async def start_or_attach(client, args) -> tuple[WorkflowHandle, int | None]:
     return handle, state.step
 
 
+def _urls_flag(flag: str, values: list[str]) -> list[str]:
+    return [flag, *values] if values else []
+
+
 def _workers(args, run_dir: Path, temporal_address: str, fleet) -> list[WorkerProcess]:
     host, port = fleet.url.removeprefix("http://").rsplit(":", 1)
     argv = [*args.argv, "--temporal-address", temporal_address, "--vllm-router-ip", host,
-            "--vllm-router-port", port, "--vllm-server-urls", *fleet.server_urls]
+            "--vllm-router-port", port, *_urls_flag("--vllm-server-urls", fleet.server_urls),
+            *_urls_flag("--vllm-model-urls", [f"{name}={url}" for name, url in fleet.model_urls.items()])]
     checked = {CHECKED_ENV: "1"}  # this launcher's parse checked the --vllm-* flags: no vLLM import in workers
     return [WorkerProcess("rollout", "workers.rollout", argv, run_dir / "worker-rollout.log", run_dir, env=checked),
             WorkerProcess("trainer", "workers.trainer", argv, run_dir / "worker-trainer.log", run_dir, env=checked)]

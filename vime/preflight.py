@@ -39,6 +39,7 @@ def preflight(args: Any) -> None:
     check_required(args)
     check_hooks(args)
     check_checkpoint(args)
+    check_serving(args)
     check_prompt_data(args)
 
 
@@ -93,6 +94,24 @@ def check_checkpoint(args: Any) -> None:
                 f"{flag} {value!r}: not a directory; checkpoints are directories: pass a directory "
                 "(a missing one is created)"
             )
+
+
+def check_serving(args: Any) -> None:
+    """`--vllm-config` describes servers vime starts: it cannot go with servers the user runs, and
+    each model it serves is a checkpoint directory."""
+    if args.vllm_config is None:
+        return
+    if args.vllm_router_ip or args.vllm_router_port:
+        raise ConfigError(f"--vllm-config {args.vllm_config!r} describes servers vime starts, --vllm-router-ip/"
+                          "--vllm-router-port point at servers you run: pass one of them")
+    from vime.engine.topology import topology_of
+
+    topology = topology_of(args)
+    for i, model in enumerate(topology.models):
+        _check_model_dir(f"--vllm-config {args.vllm_config}: vllm[{i}].model_path", model.model_path)
+    if topology.policy is None:
+        raise ConfigError(f"--vllm-config {args.vllm_config}: no model takes the trainer's weights; serve "
+                          "--hf-checkpoint as one of them (its update_weights defaults to true)")
 
 
 def check_prompt_data(args: Any, limit: int = PROMPT_ROWS_CHECKED) -> None:

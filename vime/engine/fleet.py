@@ -54,10 +54,13 @@ class EngineFleet:
     for them (or `start()`, then `wait_ready()`); `await fleet.check()` restarts the dead ones and
     returns what to tell the user."""
 
-    def __init__(self, servers: list[VLLMServer], *, run_dir: str | Path, router=None) -> None:
+    def __init__(self, servers: list[VLLMServer], *, run_dir: str | Path, router=None, name: str = "",
+                 follows_training: bool = True) -> None:
         self.slots = [_Slot(i, s) for i, s in enumerate(servers)]
         self.run_dir = Path(run_dir)
         self.router = router
+        self.name = name  # the model's, in a --vllm-config topology of several ("" for the one policy)
+        self.follows_training = follows_training  # restarts load the live weights; else its checkpoint
         self.router_deaths: deque = deque()
 
     @property
@@ -137,16 +140,16 @@ class EngineFleet:
         cause = exit_cause(code, server.log_path)
         if len(slot.deaths) >= MAX_DEATHS:
             raise ServiceError(
-                f"vLLM server {slot.index} ({server.url}) died {len(slot.deaths)} times in "
+                f"vLLM server {self._label(slot)} ({server.url}) died {len(slot.deaths)} times in "
                 f"{DEATH_WINDOW_S / 60:.0f} minutes; last error: {cause}; see {server.log_path}")
         tail = "\n".join("    " + line for line in log_tail(server.log_path, 5).splitlines())
-        return (f"[vime] vLLM server {slot.index} ({server.url}) died ({cause}); restarting it on the same "
+        return (f"[vime] vLLM server {self._label(slot)} ({server.url}) died ({cause}); restarting it on the same "
                 f"address with the current weights; last lines of {server.log_path}:\n{tail}")
 
     def _restart(self, slot: _Slot) -> int | None:
         """Start the server again on its port from the live weights; returns their version."""
         old = slot.server
-        live = live_weights.current(self.run_dir)
+        live = live_weights.current(self.run_dir) if self.follows_training else None
         model = str(live[0]) if live else old.model
         server = old.relaunch(model)
         slot.server = server
@@ -164,9 +167,13 @@ class EngineFleet:
             slot.server.stop()
             msg = self._on_death(slot, -1)
             slot.restart = asyncio.create_task(asyncio.to_thread(self._restart, slot))
-            return f"[vime] restarting vLLM server {slot.index} failed ({str(e).splitlines()[0]}); {msg}"
-        weights = f"weight version {version}" if version is not None else "the base checkpoint (no sync yet)"
-        return f"[vime] vLLM server {slot.index} is back at {slot.server.url} after {took:.0f} s, serving {weights}"
+            return f"[vime] restarting vLLM server {self._label(slot)} failed ({str(e).splitlines()[0]}); {msg}"
+        weights = (f"weight version {version}" if version is not None else "the base checkpoint (no sync yet)"
+                   if self.follows_training else "its checkpoint (a frozen model)")
+        return f"[vime] vLLM server {self._label(slot)} is back at {slot.server.url} after {took:.0f} s, serving {weights}"
+
+    def _label(self, slot: _Slot) -> str:
+        return f"{self.name} {slot.index}" if self.name else str(slot.index)
 
     def _restart_router(self) -> str:
         now = time.monotonic()
@@ -174,12 +181,13 @@ class EngineFleet:
         while self.router_deaths and now - self.router_deaths[0] > DEATH_WINDOW_S:
             self.router_deaths.popleft()
         cause = exit_cause(self.router.process.returncode, self.router.log_path)
+        which = f"the {self.name} router" if self.name else "the router"
         if len(self.router_deaths) >= MAX_DEATHS:
-            raise ServiceError(f"the router ({self.router.url}) died {len(self.router_deaths)} times; last error: "
+            raise ServiceError(f"{which} ({self.router.url}) died {len(self.router_deaths)} times; last error: "
                                f"{cause}; see {self.router.log_path}")
         self.router.__exit__()
         self.router.__enter__()
-        return f"[vime] the router ({self.router.url}) died ({cause}); restarted it on the same address"
+        return f"[vime] {which} ({self.router.url}) died ({cause}); restarted it on the same address"
 
 
 def _post_json(url: str, payload: dict) -> None:

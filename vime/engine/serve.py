@@ -1,6 +1,7 @@
-"""`vime engine`: one vLLM server with every flag vime needs, for runs whose pieces you start yourself.
+"""`vime engine`: vLLM servers with every flag vime needs, for runs whose pieces you start yourself.
 
     vime engine --hf-checkpoint MODEL --engine-port 8000 [--vllm-<flag> ...] [--print-command]
+    vime engine --hf-checkpoint MODEL --vllm-config serving.yaml [--print-command]
 
 It runs (in the foreground, replacing this process) exactly the command `vime train` would run:
 `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script cannot start the
@@ -8,10 +9,16 @@ It runs (in the foreground, replacing this process) exactly the command `vime tr
 weight-transfer worker extension, token-in/token-out and processed logprobs, and on CPU float32,
 eager mode, a low memory share and no chunked prefill. `--print-command` prints the command and
 its environment instead, to paste into your own launcher.
+
+With `--vllm-config` it starts the whole topology (`docs/vllm-config.md`): every model's servers
+and routers, kept alive as `vime train` keeps them, until Ctrl-C; it prints each model's address
+once they answer, for `--vllm-model-urls` of workers you start. `--print-command` prints every
+server's and router's command (ports are picked free now; pass them on as they are).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import sys
@@ -32,14 +39,55 @@ def server_for(args) -> VLLMServer:
                       host=args.engine_host, port=args.engine_port)
 
 
-def main(args, argv: list[str]) -> int:
-    server = server_for(args)
-    command, env = server.command(), server.environment()
+def shell_line(command: list[str], env: dict[str, str]) -> str:
+    """`command` with the environment it adds to this one, as a shell line."""
     added = {k: v for k, v in env.items() if os.environ.get(k) != v}
-    shown = " ".join(f"{k}={shlex.quote(v)}" for k, v in added.items()) + " " + shlex.join(command)
+    return (" ".join(f"{k}={shlex.quote(v)}" for k, v in added.items()) + " " + shlex.join(command)).strip()
+
+
+def main(args, argv: list[str]) -> int:
+    if args.vllm_config is not None:
+        return serve_topology(args, print_only="--print-command" in argv)
+    server = server_for(args)
+    shown = shell_line(server.command(), server.environment())
     if "--print-command" in argv:
-        print(shown.strip())
+        print(shown)
         return 0
-    print(f"[vime] {shown.strip()}", file=sys.stderr, flush=True)
-    os.execvpe(command[0], command, env)
+    print(f"[vime] {shown}", file=sys.stderr, flush=True)
+    os.execvpe(server.command()[0], server.command(), server.environment())
     return 0  # not reached
+
+
+def serve_topology(args, *, print_only: bool) -> int:
+    from vime.engine.model_fleets import model_fleets
+    from vime.engine.topology import topology_of
+
+    run_dir = Path(args.run_dir)
+    fleets = model_fleets(topology_of(args), run_server_args=list(args.vllm_server_args),
+                          router_args=list(args.router_args), run_dir=run_dir)
+    if print_only:
+        for name, fleet in fleets.fleets.items():
+            for slot in fleet.slots:
+                print(f"# {name} server {slot.index}\n{shell_line(slot.server.command(), slot.server.environment())}")
+            if fleet.router is not None:
+                print(f"# {name} router\n{shlex.join(fleet.router.command())}")
+        return 0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    print(f"[vime] starting the servers of {args.vllm_config} (logs in {run_dir})", file=sys.stderr, flush=True)
+    fleets.start()
+    try:
+        fleets.wait_ready()
+        print("[vime] serving " + " ".join(f"{n}={u}" for n, u in fleets.model_urls.items()), flush=True)
+        asyncio.run(_supervise(fleets))
+    except KeyboardInterrupt:
+        print("[vime] stopping the servers", file=sys.stderr, flush=True)
+    finally:
+        fleets.__exit__()
+    return 0
+
+
+async def _supervise(fleets) -> None:
+    while True:
+        for line in await fleets.check():
+            print(line, file=sys.stderr, flush=True)
+        await asyncio.sleep(1.0)

@@ -58,14 +58,17 @@ def _has_flag(args: Sequence[str], flag: str) -> bool:
 
 
 def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of `flag`'s last occurrence, as argparse reads it (a server group's
+    `--vllm-config` override comes after the run's `--vllm-*` flags and wins)."""
+    value = None
     for i, a in enumerate(args):
         if _flag_name(a) != flag:
             continue
         if "=" in a:
-            return a.split("=", 1)[1]
-        if i + 1 < len(args):
-            return args[i + 1]
-    return None
+            value = a.split("=", 1)[1]
+        elif i + 1 < len(args):
+            value = args[i + 1]
+    return value
 
 
 def _flag_values(args: Sequence[str], flag: str) -> list[str]:

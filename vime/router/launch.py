@@ -35,8 +35,13 @@ class Router:
     """A `vllm-router` process over `worker_urls`; `url` is what generate functions call."""
 
     def __init__(self, worker_urls: Sequence[str], router_args: Sequence[str] = (), *, log_path: Path,
-                 host: str = "127.0.0.1", port: int | None = None, run_dir: Path | None = None) -> None:
+                 host: str = "127.0.0.1", port: int | None = None, run_dir: Path | None = None,
+                 prefill_urls: Sequence[str] = (), decode_urls: Sequence[str] = ()) -> None:
+        """`prefill_urls` and `decode_urls` (both, instead of `worker_urls`) start the router in
+        its PD mode: each request is prefilled on a prefill server, whose KV cache vLLM's connector
+        hands to a decode server that generates."""
         self.worker_urls = list(worker_urls)
+        self.prefill_urls, self.decode_urls = list(prefill_urls), list(decode_urls)
         self.router_args = list(router_args)
         self.host, self.port = host, port or free_port(host)
         self.log_path = log_path
@@ -50,8 +55,16 @@ class Router:
     def command(self) -> list[str]:
         metrics = [] if any(a.startswith("--prometheus-port") for a in self.router_args) else [
             "--prometheus-port", str(free_port(self.host))]  # its default 29000 collides between runs
-        return [router_binary(), "--host", self.host, "--port", str(self.port),
-                "--worker-urls", *self.worker_urls, *metrics, *self.router_args]
+        if self.prefill_urls:
+            workers = ["--vllm-pd-disaggregation"]
+            for url in self.prefill_urls:
+                workers += ["--prefill", url]
+            for url in self.decode_urls:
+                workers += ["--decode", url]
+        else:
+            workers = ["--worker-urls", *self.worker_urls]
+        return [router_binary(), "--host", self.host, "--port", str(self.port), *workers, *metrics,
+                *self.router_args]
 
     def __enter__(self) -> Router:
         self.process = spawn(self.command(), self.log_path, run_dir=self.run_dir)

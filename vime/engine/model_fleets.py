@@ -1,0 +1,108 @@
+"""Every server a run's topology asks for, started and kept alive: one `EngineFleet` per model.
+
+Each model gets its own servers and, for several servers or a PD split, its own router; the
+policy's fleet is the one rollouts call and the trainer updates, a frozen model's (reward model,
+reference, teacher) is served as it is and restarted from its own checkpoint when it dies.
+Workers learn every model's address as `--vllm-model-urls NAME=URL` (`args.vllm_model_routers`).
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from vime.engine.fleet import EngineFleet
+from vime.engine.server import VLLMServer
+from vime.engine.topology import ServedModel, Topology
+from vime.engine.weight_sync import weight_sync_server_args
+
+
+class ModelFleets:
+    """The fleets of a topology, seen as one: `url` and `server_urls` are the rollout model's
+    (what generate functions call, what weight sync updates), `model_urls` every model's."""
+
+    def __init__(self, fleets: dict[str, EngineFleet], rollout_model: str, trained: bool) -> None:
+        self.fleets = fleets
+        self.rollout_model = rollout_model
+        self.trained = trained
+
+    @property
+    def url(self) -> str:
+        return self.fleets[self.rollout_model].url
+
+    @property
+    def server_urls(self) -> list[str]:
+        return self.fleets[self.rollout_model].server_urls if self.trained else []
+
+    @property
+    def model_urls(self) -> dict[str, str]:
+        return {name: fleet.url for name, fleet in self.fleets.items()}
+
+    def start(self) -> ModelFleets:
+        started = []
+        try:
+            for fleet in self.fleets.values():
+                started.append(fleet.start())
+        except BaseException:
+            for fleet in started:
+                fleet.__exit__()
+            raise
+        return self
+
+    def wait_ready(self) -> None:
+        try:
+            with ThreadPoolExecutor(len(self.fleets)) as pool:
+                list(pool.map(EngineFleet.wait_ready, self.fleets.values()))
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        with ThreadPoolExecutor(len(self.fleets)) as pool:
+            list(pool.map(EngineFleet.__exit__, self.fleets.values()))
+
+    async def check(self) -> list[str]:
+        lines: list[str] = []
+        for fleet in self.fleets.values():
+            lines += await fleet.check()
+        return lines
+
+    @property
+    def restarting(self) -> bool:
+        return any(fleet.restarting for fleet in self.fleets.values())
+
+
+def model_fleets(topology: Topology, *, run_server_args: list[str], router_args: list[str],
+                 run_dir: Path) -> ModelFleets:
+    """Fleets (not started) for every model of `topology`. Logs: `vllm-<i>.log` and `router.log`
+    for a topology of one model (as without `--vllm-config`), `vllm-<model>-<i>.log` and
+    `router-<model>.log` for several."""
+    several = len(topology.models) > 1
+    fleets = {m.name: _fleet(m, several, run_server_args, router_args, run_dir) for m in topology.models}
+    return ModelFleets(fleets, topology.rollout_model.name, topology.policy is not None)
+
+
+def _fleet(model: ServedModel, several: bool, run_server_args: list[str], router_args: list[str],
+           run_dir: Path) -> EngineFleet:
+    stem = f"vllm-{model.name}" if several else "vllm"
+    base = (weight_sync_server_args() if model.update_weights else []) + list(run_server_args)
+    servers: dict[str, list[VLLMServer]] = {"regular": [], "prefill": [], "decode": []}
+    index = 0
+    for group in model.groups:
+        if not group.starts_servers:
+            continue
+        for _ in range(group.num_servers):
+            servers[group.worker_type].append(VLLMServer(
+                model.model_path, server_args=base + group.server_args, log_path=run_dir / f"{stem}-{index}.log",
+                run_dir=run_dir))
+            index += 1
+    every = servers["regular"] + servers["prefill"] + servers["decode"]
+    router = None
+    if model.pd or len(every) > 1:
+        from vime.router.launch import Router
+
+        log = run_dir / (f"router-{model.name}.log" if several else "router.log")
+        router = Router([s.url for s in servers["regular"]], router_args, log_path=log, run_dir=run_dir,
+                        prefill_urls=[s.url for s in servers["prefill"]], decode_urls=[s.url for s in servers["decode"]])
+    return EngineFleet(every, run_dir=run_dir, router=router, name=model.name if several else "",
+                       follows_training=model.update_weights)
