@@ -100,7 +100,7 @@ vllm:
     command = fleet.router.command()
     assert command[command.index("--vllm-pd-disaggregation"):command.index("--vllm-pd-disaggregation") + 7] == [
         "--vllm-pd-disaggregation", "--prefill", urls[0], "--decode", urls[1], "--decode", urls[2]]
-    assert "--worker-urls" not in command and command[-2:] == ["--policy", "round_robin"]
+    assert "--worker-urls" not in command and command[-4:] == ["--kv-connector", "nixl", "--policy", "round_robin"]
     server = fleet.slots[0].server.command()
     assert server[server.index("--kv-transfer-config") + 1] == '{"kv_connector": "NixlConnector", "kv_role": "kv_both"}'
 
@@ -187,8 +187,8 @@ def test_vime_engine_prints_every_command_of_a_topology(tmp_path, models, capsys
 vllm:
   - name: actor
     server_groups:
-      - {{worker_type: prefill, num_gpus: 1, overrides: {{kv_transfer_config: {{kv_connector: ExampleConnector, kv_role: kv_both}}}}}}
-      - {{worker_type: decode, num_gpus: 1, overrides: {{kv_transfer_config: {{kv_connector: ExampleConnector, kv_role: kv_both}}}}}}
+      - {{worker_type: prefill, num_gpus: 1, overrides: {{kv_transfer_config: {{kv_connector: NixlConnector, kv_role: kv_both}}}}}}
+      - {{worker_type: decode, num_gpus: 1, overrides: {{kv_transfer_config: {{kv_connector: NixlConnector, kv_role: kv_both}}}}}}
   - name: reward
     model_path: {models['rm']}
     server_groups: [{{worker_type: regular, num_gpus: 1}}]

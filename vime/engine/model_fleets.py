@@ -102,6 +102,8 @@ def _fleet(model: ServedModel, several: bool, run_server_args: list[str], router
         from vime.router.launch import Router
 
         log = run_dir / (f"router-{model.name}.log" if several else "router.log")
+        if model.router_kv_connector and not any(a.startswith("--kv-connector") for a in router_args):
+            router_args = ["--kv-connector", model.router_kv_connector, *router_args]
         router = Router([s.url for s in servers["regular"]], router_args, log_path=log, run_dir=run_dir,
                         prefill_urls=[s.url for s in servers["prefill"]], decode_urls=[s.url for s in servers["decode"]])
     return EngineFleet(every, run_dir=run_dir, router=router, name=model.name if several else "",

@@ -48,6 +48,7 @@ RESERVED_OVERRIDES = {
     "port": "vime gives each server its port",
 }
 POLICY = "actor"
+ROUTER_CONNECTORS = {"NixlConnector": "nixl", "MooncakeConnector": "mooncake", "MoRIIOConnector": "moriio"}
 
 
 @dataclass
@@ -56,6 +57,7 @@ class ServerGroup:
     num_servers: int
     tensor_parallel_size: int = 1
     server_args: list[str] = field(default_factory=list)  # the overrides, as vLLM flags
+    kv_connector: str | None = None  # overrides.kv_transfer_config.kv_connector (PD groups)
 
     @property
     def starts_servers(self) -> bool:
@@ -73,6 +75,13 @@ class ServedModel:
     def pd(self) -> bool:
         """Prefill and decode run on separate servers (the router pairs them)."""
         return any(g.worker_type == "prefill" for g in self.groups)
+
+    @property
+    def router_kv_connector(self) -> str | None:
+        """vllm-router's `--kv-connector` for this model's PD split: the handshake it runs between
+        prefill and decode depends on the connector (None: the router's default, nixl's)."""
+        names = {g.kv_connector for g in self.groups if g.worker_type == "prefill"}
+        return ROUTER_CONNECTORS.get(next(iter(names))) if len(names) == 1 else None
 
     @property
     def num_servers(self) -> int:
@@ -152,6 +161,8 @@ def _model(entry: Any, path: str, hf_checkpoint: str | None, fail, check_overrid
         raise fail(f"{path}.server_groups", "expected a non-empty list of server groups (worker_type, num_gpus)")
     built = [_group(g, f"{path}.server_groups[{j}]", default_tp, fail, check_overrides) for j, g in enumerate(groups)]
     _check_pd(built, groups, path, fail)
+    if update:
+        _check_connectors_keep_up_with_syncs(groups, path, fail)
     if not any(g.starts_servers and g.num_servers for g in built):
         raise fail(f"{path}.server_groups", "no group starts a server (only placeholders)")
     return ServedModel(name, str(model_path), update, built)
@@ -176,7 +187,9 @@ def _group(entry: Any, path: str, default_tp: int, fail, check_overrides: bool) 
     server_args = override_flags(overrides, f"{path}.overrides", fail, check=check_overrides)
     if tp > 1:
         server_args = ["--tensor-parallel-size", str(tp), *server_args]
-    return ServerGroup(kind, devices // tp, tp, server_args)
+    connector = overrides.get("kv_transfer_config")
+    return ServerGroup(kind, devices // tp, tp, server_args,
+                       connector.get("kv_connector") if isinstance(connector, dict) else None)
 
 
 def _check_pd(groups: list[ServerGroup], raw: list[dict], path: str, fail) -> None:
@@ -193,6 +206,19 @@ def _check_pd(groups: list[ServerGroup], raw: list[dict], path: str, fail) -> No
             raise fail(f"{path}.server_groups[{j}].overrides.kv_transfer_config",
                        f"missing: a {group.worker_type} group needs a KV connector, e.g. "
                        "{kv_connector: NixlConnector, kv_role: kv_both} (see docs/pd-disaggregation.md)")
+
+
+def _check_connectors_keep_up_with_syncs(raw: list[dict], path: str, fail) -> None:
+    """vLLM's ExampleConnector stores each prompt's KV on disk under a hash of the prompt alone and
+    loads it for any later request with that prompt: after a weight sync it would hand out KV
+    computed by the old weights (and a run repeats its prompts n times a step)."""
+    for j, entry in enumerate(raw):
+        connector = ((entry.get("overrides") or {}).get("kv_transfer_config") or {})
+        if isinstance(connector, dict) and connector.get("kv_connector") == "ExampleConnector":
+            raise fail(f"{path}.server_groups[{j}].overrides.kv_transfer_config.kv_connector",
+                       "ExampleConnector keeps KV on disk keyed by the prompt, not the weights: a model that "
+                       "takes the trainer's weights would be served KV of old weights after a sync; use a "
+                       "transferring connector (NixlConnector, MooncakeConnector) or update_weights: false")
 
 
 def override_flags(overrides: dict, path: str, fail, *, check: bool = True) -> list[str]:
