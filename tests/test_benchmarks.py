@@ -52,3 +52,36 @@ def test_the_concurrency_benchmark_keeps_every_session_in_flight_and_stores_ever
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     assert "peak sessions in flight: workflows 16, direct 16 (of 16)" in result.stdout, result.stdout
     assert "failed rollouts 0, lost 0" in result.stdout
+
+
+def test_the_session_affinity_benchmark_prints_no_table_when_requests_failed(tiny_model_dir):
+    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]  # nothing listens there: every request fails
+    result = subprocess.run([sys.executable, "bench/session_affinity.py", "--sessions", "2", "--turns", "2",
+                             "--rounds", "1", "--model", str(tiny_model_dir), "--vllm-urls", *dead],
+                            capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+    assert "hit rate" not in result.stdout, result.stdout
+    failure = [line for line in result.stderr.splitlines() if line.startswith("session_affinity: FAILED")]
+    assert failure and "requests failed" in failure[0] and "first error" in failure[0], result.stderr[-2000:]
+    assert "cannot reach vLLM" in failure[0], failure[0]
+
+
+@pytest.mark.vllm
+def test_the_session_affinity_benchmark_prints_every_policy_with_its_hit_rate(tiny_model_dir):
+    result = subprocess.run([sys.executable, "bench/session_affinity.py", "--sessions", "4", "--turns", "2",
+                             "--rounds", "1", "--model", str(tiny_model_dir)],
+                            capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    header = next(line for line in lines if "hit rate" in line)
+    assert header.split()[:3] == ["policy", "hit", "rate"], result.stdout
+    rows = {line.split()[0]: line.split() for line in lines if line.split()[:1] and line.split()[0] in
+            ("consistent_hash", "cache_aware", "round_robin")}
+    assert set(rows) == {"consistent_hash", "cache_aware", "round_robin"}, result.stdout
+    for row in rows.values():
+        hits, queries = map(int, row[2].split("/"))
+        assert 0 <= hits <= queries and row[1] == f"{hits / queries:.1%}", result.stdout
+        assert sum(map(int, row[3].split("/"))) == 4 * 2, result.stdout  # every turn finished on some server
+    # a session's second turn extends its first on the same server: full blocks of it are cached
+    hits, _ = map(int, rows["consistent_hash"][2].split("/"))
+    assert hits > 0, result.stdout
