@@ -416,3 +416,25 @@ async def test_a_failed_update_names_server_and_route_and_leaves_the_server_paus
     assert await verify_sync(ws_server.url, probe, before) <= ATOL
     await push(sync, trainer, "after failure")
     assert await verify_sync(ws_server.url, probe, reference_logprobs(trainer, probe)) <= ATOL
+
+
+@pytest.mark.vllm
+async def test_a_delta_file_sync_leaves_the_server_computing_what_a_dense_sync_does(ws_server, trainer, probe):
+    """`update_mode="delta"` with the file engine: the file holds the changed elements only."""
+    async with WeightSync(ws_server.url, update_mode="delta", initial_version=100) as ws:
+        first = await push(ws, trainer, "delta mode, first (dense)")
+        gen = torch.Generator().manual_seed(11)
+        with torch.no_grad():  # a sparse step: 1% of each parameter's elements move
+            for p in trainer.parameters():
+                p.add_(torch.randn(p.shape, generator=gen) * 0.02 * (torch.rand(p.shape, generator=gen) < 0.01))
+        delta = await push(ws, trainer, "delta mode, delta")
+        after_delta = await probe_logprobs(ws_server.url, probe)
+    assert not first.delta and first.changed == first.total
+    assert delta.delta and 0 < delta.changed < 0.02 * delta.total
+    assert delta.wire_bytes < 0.1 * first.wire_bytes
+    print(f"delta file: {delta.changed}/{delta.total} elements, {delta.wire_bytes / 1e6:.3f} MB "
+          f"(dense {first.wire_bytes / 1e6:.1f} MB)")
+    assert max_diff(after_delta, reference_logprobs(trainer, probe)) <= ATOL
+    async with WeightSync(ws_server.url, initial_version=200) as ws:
+        await push(ws, trainer, "the same weights, dense")
+    assert await probe_logprobs(ws_server.url, probe) == after_delta

@@ -227,6 +227,19 @@ class VimeArgs:
     vllm_server_urls: list[str] | None = _orchestration(
         None, "vLLM servers to push weights to (default: the ones vime starts).", nargs="+"
     )
+    weight_sync_engine: str = _orchestration(
+        "file", "How the trainer pushes weights into the vLLM servers: file (a safetensors file in /dev/shm: "
+                "servers on the trainer's host) or collective (a gloo/NCCL broadcast to every server's workers; "
+                "the servers need --vllm-weight-transfer-config '{\"backend\": \"vime_collective\"}').",
+        choices=("file", "collective"),
+    )
+    update_weight_mode: str = _orchestration(
+        "full", "full: every sync sends all weights; delta: after a first full sync, only the elements whose "
+                "bits changed since the last one.", choices=("full", "delta")
+    )
+    update_weight_buffer_size: int = _orchestration(
+        64 << 20, "Bytes per broadcast bucket of --weight-sync-engine collective."
+    )
     vllm_model_urls: list[str] | None = _orchestration(
         None, "NAME=URL of each model a --vllm-config serves (default: the ones vime starts); a reward "
               "function finds them in args.vllm_model_routers.", nargs="+"

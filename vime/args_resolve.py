@@ -18,7 +18,7 @@ _POSITIVE = (
     "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size", "global_batch_size",
     "micro_batch_size", "num_rollout", "num_epoch", "rollout_max_response_len", "rollout_max_prompt_len",
     "max_tokens_per_gpu", "save_interval", "eval_interval", "vllm_num_servers", "sft_num_steps",
-    "n_samples_per_eval_prompt", "max_concurrent_rollouts",
+    "n_samples_per_eval_prompt", "max_concurrent_rollouts", "update_weight_buffer_size",
 )
 _NON_NEGATIVE = ("max_staleness", "continue_as_new_after_steps", "lr", "min_lr", "lr_warmup_iters", "weight_decay",
                  "clip_grad", "eps_clip", "kl_coef", "kl_loss_coef", "entropy_coef", "tis_clip_low")
@@ -107,6 +107,9 @@ def resolve(args: Any) -> None:
     if args.store_url is None:
         args.store_url = f"sqlite:///{Path(args.run_dir) / 'vime.db'}"
     args.vllm_model_routers = _model_urls(args.vllm_model_urls or [])
+    from vime.engine.speculation import check_speculation
+
+    check_speculation(args.vllm_server_args, "--vllm-speculative-config")
     if args.vllm_config is not None:
         from vime.engine.vllm_config import read_vllm_config
 

@@ -44,6 +44,8 @@ while loading leaves the model half-updated and the server must be restarted.
 from __future__ import annotations
 
 from dataclasses import dataclass
+import contextlib
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -56,6 +58,7 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.logger import init_logger
 
+from vime.engine.weight_delta import PATCH_INDICES, PATCH_VALUES, Patch, ShadowWeights
 from vime.engine.weight_sync import SHM_BACKEND
 
 logger = init_logger(__name__)
@@ -75,10 +78,18 @@ class ShmInitInfo(WeightTransferInitInfo):
 
 @dataclass
 class ShmUpdateInfo(WeightTransferUpdateInfo):
-    """One safetensors file with HF-named tensors; `num_tensors` guards against a torn file."""
+    """One safetensors file with HF-named tensors; `num_tensors` guards against a torn file.
+
+    Delta mode (`vime.engine.weight_delta`): `keep` says to keep the loaded tensors for the next
+    delta, and `version` is the version they are; `base_version` set means the file patches
+    that version: a patched tensor is stored as `<name>` + `PATCH_INDICES` / `PATCH_VALUES`.
+    """
 
     path: str
     num_tensors: int | None = None
+    keep: bool = False
+    version: str | None = None
+    base_version: str | None = None
 
 
 def repack_tied_lm_heads(model: torch.nn.Module) -> int:
@@ -117,7 +128,106 @@ def repack_tied_lm_heads(model: torch.nn.Module) -> int:
     return repacked
 
 
-class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
+class LayerwiseReloadEngine:
+    """What vime's engines share: vLLM's layerwise reload around an update, the old weights put
+    back when a failure came before any tensor was handed to the model, delta mode's kept
+    tensors, and the tied-LM-head re-pack after every update. Mixed in before
+    `WeightTransferEngine`; subclasses implement `receive_weights` with `_load`."""
+
+    model: torch.nn.Module
+    model_config: Any
+
+    @property
+    def shadow(self) -> ShadowWeights:
+        if not hasattr(self, "_shadow"):
+            self._shadow = ShadowWeights()
+            self._pending_version: str | None = None
+        return self._shadow
+
+    def start_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.model)
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        self.receive_weights(self.parse_update_info(update_info))  # type: ignore[attr-defined]
+        if torch.accelerator.is_available():  # the base class syncs unconditionally
+            torch.accelerator.synchronize()
+
+    def _begin(self, keep: bool, version: str | None, base_version: str | None) -> None:
+        """Before anything is received: a delta must patch what this worker holds."""
+        if base_version is not None:
+            self.shadow.expect(base_version)
+        elif not keep:
+            self.shadow.clear()
+        self.shadow.start()
+        self._pending_version = version if keep else None
+
+    def _resolve(self, name: str, item: torch.Tensor | Patch, keep: bool) -> torch.Tensor:
+        """The full tensor to load: `item` itself, or the kept tensor patched by it."""
+        if isinstance(item, Patch):
+            return self.shadow.patched(name, item)
+        return self.shadow.keep(name, item) if keep else item
+
+    def _load(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Hand `tensors` to `model.load_weights`; on a failure before the first one, put the old
+        weights back (the server keeps serving them). Returns how many were loaded."""
+        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+
+        count = 0
+
+        def counted():
+            nonlocal count
+            for item in tensors:
+                count += 1
+                yield item
+
+        try:
+            with disable_mtp_completeness_check():
+                self.model.load_weights(counted())
+        except BaseException:
+            self.shadow.clear()
+            if count == 0:
+                self._restore_old_weights()
+            raise
+        return count
+
+    @contextlib.contextmanager
+    def _restoring_on_early_failure(self) -> Iterator[None]:
+        """Nothing reached the model yet: a failure here puts the old weights back."""
+        try:
+            yield
+        except BaseException:
+            self.shadow.clear()
+            self._restore_old_weights()
+            raise
+
+    def _restore_old_weights(self) -> None:
+        """Undo `start_weight_update` when nothing was loaded: every layer gets its old tensors."""
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        try:
+            finalize_layerwise_reload(self.model, self.model_config)
+        except Exception:
+            logger.exception("vime: restoring the old weights failed; restart the server")
+        else:
+            logger.warning("vime: update failed before loading; the old weights stay in place")
+
+    def finish_weight_update(self) -> None:
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        finalize_layerwise_reload(self.model, self.model_config)
+        if _repack_tied_lm_heads_enabled:
+            repacked = repack_tied_lm_heads(self.model)
+            if repacked:
+                logger.info("vime: re-packed %d tied LM head(s)", repacked)
+        self.shadow.finish(self._pending_version)
+
+    def shutdown(self) -> None:
+        pass
+
+
+class ShmWeightTransferEngine(LayerwiseReloadEngine, WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
     """Loads a safetensors file named by `/update_weights` through vLLM's layerwise reload."""
 
     init_info_cls = ShmInitInfo
@@ -140,66 +250,36 @@ class ShmWeightTransferEngine(WeightTransferEngine[ShmInitInfo, ShmUpdateInfo]):
                 "token; the server sees a different filesystem at that path"
             )
 
-    def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-        initialize_layerwise_reload(self.model)
-
-    def update_weights(self, update_info: dict[str, Any]) -> None:
-        self.receive_weights(self.parse_update_info(update_info))
-        if torch.accelerator.is_available():  # the base class syncs unconditionally
-            torch.accelerator.synchronize()
-
     def receive_weights(self, update_info: ShmUpdateInfo) -> None:
-        from safetensors import safe_open
-        from vllm.model_executor.model_loader.mtp_validation import disable_mtp_completeness_check
+        keep = update_info.keep
+        with self._restoring_on_early_failure():
+            self._begin(keep, update_info.version, update_info.base_version)
+            from safetensors import safe_open
 
-        handed_over = False
-        try:
-            with safe_open(update_info.path, framework="pt", device="cpu") as f:
-                names = list(f.keys())
-                if update_info.num_tensors is not None and len(names) != update_info.num_tensors:
+            f = safe_open(update_info.path, framework="pt", device="cpu")
+        with f:
+            keys = list(f.keys())
+            with self._restoring_on_early_failure():
+                if update_info.num_tensors is not None and len(keys) != update_info.num_tensors:
                     raise ValueError(
-                        f"vime_shm: {update_info.path!r} holds {len(names)} tensors, the trainer "
+                        f"vime_shm: {update_info.path!r} holds {len(keys)} tensors, the trainer "
                         f"wrote {update_info.num_tensors}; was it overwritten during the update?"
                     )
+            keyset = set(keys)
+            names = [k for k in keys if not k.endswith((PATCH_INDICES, PATCH_VALUES))]
+            names += [k.removesuffix(PATCH_INDICES) for k in keys if k.endswith(PATCH_INDICES)]
 
-                def tensors():
-                    nonlocal handed_over
-                    for name in names:
-                        handed_over = True
-                        yield name, f.get_tensor(name)
+            def tensors():
+                for name in names:
+                    if name in keyset:
+                        t = f.get_tensor(name)
+                        item: torch.Tensor | Patch = t.clone() if keep else t
+                    else:
+                        item = Patch(f.get_tensor(name + PATCH_INDICES), f.get_tensor(name + PATCH_VALUES))
+                    yield name, self._resolve(name, item, keep)
 
-                with disable_mtp_completeness_check():
-                    self.model.load_weights(tensors())
-        except BaseException:
-            if not handed_over:
-                self._restore_old_weights()
-            raise
-        logger.info("vime_shm: loaded %d tensors from %s", len(names), update_info.path)
-
-    def _restore_old_weights(self) -> None:
-        """Undo `start_weight_update` when nothing was loaded: every layer gets its old tensors."""
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-        try:
-            finalize_layerwise_reload(self.model, self.model_config)
-        except Exception:
-            logger.exception("vime_shm: restoring the old weights failed; restart the server")
-        else:
-            logger.warning("vime_shm: update failed before loading; the old weights stay in place")
-
-    def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
-
-        finalize_layerwise_reload(self.model, self.model_config)
-        if _repack_tied_lm_heads_enabled:
-            repacked = repack_tied_lm_heads(self.model)
-            if repacked:
-                logger.info("vime_shm: re-packed %d tied LM head(s)", repacked)
-
-    def shutdown(self) -> None:
-        pass
+            loaded = self._load(tensors())
+        logger.info("vime_shm: loaded %d tensors from %s", loaded, update_info.path)
 
 
 class CPUWeightTransferExtension:
@@ -229,3 +309,6 @@ def _register() -> None:
 
 
 _register()
+
+
+import vime.engine.collective_weight_transfer  # noqa: E402,F401  registers vime_collective in the worker

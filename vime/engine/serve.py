@@ -35,7 +35,7 @@ def server_for(args) -> VLLMServer:
     if not Path(args.hf_checkpoint).is_dir():
         raise ConfigError(f"--hf-checkpoint {args.hf_checkpoint!r} is not a directory; vime engine serves a local "
                           "model directory")
-    return VLLMServer(args.hf_checkpoint, server_args=weight_sync_server_args() + list(args.vllm_server_args),
+    return VLLMServer(args.hf_checkpoint, server_args=weight_sync_server_args(args.weight_sync_engine) + list(args.vllm_server_args),
                       host=args.engine_host, port=args.engine_port)
 
 

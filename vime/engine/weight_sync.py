@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -44,24 +45,33 @@ from typing import Any, Literal
 import aiohttp
 import torch
 
+from vime.engine import weight_delta
 from vime.engine.client import EngineClient
+from vime.engine.collective_sync import DEFAULT_BUCKET_BYTES, SyncGroup
 from vime.errors import ConfigError, ServiceError
 from vime.log import get_logger
 
 log = get_logger(__name__)
 
 SHM_BACKEND = "vime_shm"
+COLLECTIVE_BACKEND = "vime_collective"
+BACKENDS = {"file": SHM_BACKEND, "collective": COLLECTIVE_BACKEND}
 EXTENSION_CLS = "vime.engine.cpu_weight_transfer.CPUWeightTransferExtension"
 TIED_LM_HEAD = "lm_head.weight"
 TIED_EMBEDDING = "model.embed_tokens.weight"
 
 PauseMode = Literal["keep", "abort"]
+SyncEngine = Literal["file", "collective"]
+UpdateMode = Literal["full", "delta"]
 
 
-def weight_sync_server_args() -> list[str]:
-    """vLLM server flags that load vime's file-based weight-transfer engine."""
+def weight_sync_server_args(engine: SyncEngine = "file") -> list[str]:
+    """vLLM server flags that load vime's weight-transfer engine: `file` (`vime_shm`, the
+    default) or `collective` (`vime_collective`, see `vime.engine.collective_sync`)."""
+    if engine not in BACKENDS:
+        raise ConfigError(f"weight sync engine {engine!r} is not one of {', '.join(BACKENDS)}")
     return ["--worker-extension-cls", EXTENSION_CLS,
-            "--weight-transfer-config", '{"backend": "%s"}' % SHM_BACKEND]
+            "--weight-transfer-config", '{"backend": "%s"}' % BACKENDS[engine]]
 
 
 @dataclass
@@ -76,18 +86,32 @@ class SyncReport:
     total_seconds: float
     write_seconds: float = 0.0
     urls: list[str] = field(default_factory=list)
+    engine: str = "file"
+    changed: int = 0
+    """Elements sent: all of them in a dense sync, the ones whose bits changed in a delta."""
+    total: int = 0
+    wire_bytes: int = 0
+    """Bytes each server received: the file's size, or the broadcast's payload."""
+    delta: bool = False
 
 
 @dataclass
 class StagedWeights:
-    """A weights file written and not yet pushed (`WeightSync.stage`); push it once."""
+    """Weights prepared and not yet pushed (`WeightSync.stage`); push them once. The file engine
+    has written `path`; the collective engine holds `planned` (dense tensors and delta patches)
+    in memory. `tensors` are the full weights, kept for delta mode's record."""
 
-    path: Path
+    path: Path | None
     num_tensors: int
     bytes: int
     weight_version: int
     write_seconds: float
     started: float
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    planned: dict[str, Any] = field(default_factory=dict)
+    changed: int = 0
+    total: int = 0
+    base_version: int | None = None
 
 
 def _prepare(state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
@@ -144,16 +168,37 @@ class WeightSync:
     A failed sync does not advance `weight_version`, even where some servers took the update.
     `sync` = `stage` (write the file, nothing paused) + `push` (pause, load, resume); call them
     apart to write the file while generation runs and pause only for the load.
+
+    `engine="collective"` broadcasts the weights over a `torch.distributed` group instead of a
+    file (servers started with `weight_sync_server_args("collective")`; `workers_per_server`
+    vLLM workers each; the servers reach the trainer at `advertise_host`, default this host's
+    address, and join within `rendezvous_timeout` s). `update_mode="delta"` sends, after a first
+    dense sync, only the elements that changed (`vime.engine.weight_delta`), with either engine.
     """
 
     def __init__(self, urls: str | Sequence[str], *, pause_mode: PauseMode = "keep", clear_cache: bool = True,
                  directory: str | Path = "/dev/shm", dtype: torch.dtype | None = None,
-                 initial_version: int = 0, timeout: float = 600.0, keep_files: bool = False) -> None:
+                 initial_version: int = 0, timeout: float = 600.0, keep_files: bool = False,
+                 engine: SyncEngine = "file", update_mode: UpdateMode = "full",
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, workers_per_server: int = 1,
+                 advertise_host: str | None = None, rendezvous_timeout: float = 60.0) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         if not self.urls:
             raise ConfigError("WeightSync: no vLLM server URL given")
         if pause_mode not in ("keep", "abort"):
             raise ConfigError(f"WeightSync: pause_mode {pause_mode!r} is not one of keep, abort")
+        if engine not in BACKENDS:
+            raise ConfigError(f"WeightSync: engine {engine!r} is not one of {', '.join(BACKENDS)}")
+        if update_mode not in ("full", "delta"):
+            raise ConfigError(f"WeightSync: update_mode {update_mode!r} is not one of full, delta")
+        self.engine = engine
+        self.update_mode = update_mode
+        self.bucket_bytes = int(bucket_bytes)
+        self.workers_per_server = int(workers_per_server)
+        self.advertise_host = advertise_host
+        self.rendezvous_timeout = rendezvous_timeout
+        self._group: SyncGroup | None = None
+        self._tracker = weight_delta.DeltaTracker()
         self.pause_mode = pause_mode
         self.clear_cache = clear_cache
         self.directory = Path(directory)
@@ -195,9 +240,15 @@ class WeightSync:
         return json.loads(text) if text.strip() else {}
 
     async def init_servers(self) -> None:
-        """Initialize the transfer engine on servers that have not been (idempotent per server)."""
+        """Initialize the transfer engine on servers that have not been (idempotent per server).
+        The collective engine's group holds every server: one not initialized re-forms it all."""
         pending = [url for url in self.urls if url not in self._initialized]
         if not pending:
+            return
+        if self.engine == "collective":
+            async with self._lock:  # never re-form the group under a push
+                await self._init_collective()
+            self._initialized.update(self.urls)
             return
         self.directory.mkdir(parents=True, exist_ok=True)
         probe = self.directory / f"{self._prefix}.probe"
@@ -212,6 +263,29 @@ class WeightSync:
         finally:
             probe.unlink(missing_ok=True)
         self._initialized.update(pending)
+
+    async def _init_collective(self) -> None:
+        """Rendezvous: the trainer joins as rank 0 while each server's workers join (in
+        `/init_weight_transfer_engine`); nothing is paused, so a failure changes no weights."""
+        self._group = None
+        wps = self.workers_per_server
+        group = SyncGroup(1 + len(self.urls) * wps, advertise_host=self.advertise_host,
+                          timeout_s=self.rendezvous_timeout)
+        rz = group.rendezvous
+        hint = f"; start the server with {' '.join(weight_sync_server_args('collective'))}"
+        results = await asyncio.gather(
+            asyncio.to_thread(group.join),
+            *(self._post(u, "/init_weight_transfer_engine", {"init_info": group.init_info(1 + i * wps)}, hint=hint)
+              for i, u in enumerate(self.urls)),
+            return_exceptions=True)
+        errors = [r for r in results[1:] + results[:1] if isinstance(r, BaseException)]
+        if errors:
+            group.close()
+            detail = _rendezvous_detail(errors[0])
+            raise ServiceError(f"weight sync: collective rendezvous at {rz.host}:{rz.port} (world size "
+                               f"{rz.world_size}) failed, nothing was paused and every server keeps its "
+                               f"weights: {detail}") from errors[0]
+        self._group = group
 
     async def sync(self, state_dict: Mapping[str, torch.Tensor], weight_version: int | None = None, *,
                    then: Callable[[Path], None] | None = None) -> SyncReport:
@@ -228,12 +302,43 @@ class WeightSync:
         except BaseException:
             self._initialized.clear()
             raise
-        path = self.directory / f"{self._prefix}-v{version}.safetensors"
         t_write = time.perf_counter()
         tensors = await asyncio.to_thread(_prepare, state_dict, self.dtype)
-        nbytes = await asyncio.to_thread(write_weights_file, tensors, path, version)
-        return StagedWeights(path=path, num_tensors=len(tensors), bytes=nbytes, weight_version=version,
-                             write_seconds=time.perf_counter() - t_write, started=t0)
+        planned, stats = await asyncio.to_thread(self._plan, tensors)
+        delta = self._tracker.is_delta(planned)
+        staged = StagedWeights(path=None, num_tensors=len(planned), bytes=0, weight_version=version, write_seconds=0.0,
+                               started=t0, tensors=tensors, planned=planned, changed=stats.changed,
+                               total=stats.total, base_version=self._tracker.base_version if delta else None)
+        if self.engine == "file":
+            entries = weight_delta.file_entries(planned)
+            staged.path = self.directory / f"{self._prefix}-v{version}.safetensors"
+            staged.num_tensors = len(entries)
+            staged.bytes = await asyncio.to_thread(write_weights_file, entries, staged.path, version)
+        else:
+            staged.bytes = sum(weight_delta.payload_nbytes(item) for item in planned.values())
+        staged.write_seconds = time.perf_counter() - t_write
+        return staged
+
+    def _plan(self, tensors: dict[str, torch.Tensor]) -> tuple[dict[str, Any], weight_delta.DeltaStats]:
+        if self.update_mode == "delta":
+            return self._tracker.plan(tensors)
+        total = sum(t.numel() for t in tensors.values())
+        return dict(tensors), weight_delta.DeltaStats(changed=total, total=total)
+
+    def _update_info(self, staged: StagedWeights) -> dict[str, Any]:
+        """`/update_weights`' `update_info` for `staged`, for this sync's engine."""
+        keep = self.update_mode == "delta"
+        base = None if staged.base_version is None else str(staged.base_version)
+        info: dict[str, Any] = {"keep": keep, "version": str(staged.weight_version), "base_version": base}
+        if self.engine == "file":
+            return {"path": str(staged.path), "num_tensors": staged.num_tensors, **info}
+        items = staged.planned.items()
+        return {"names": [n for n, _ in items],
+                "dtype_names": [str((i.values if isinstance(i, weight_delta.Patch) else i).dtype).removeprefix("torch.")
+                                for _, i in items],
+                "shapes": [list(staged.tensors[n].shape) for n, _ in items],
+                "counts": [i.indices.numel() if isinstance(i, weight_delta.Patch) else None for _, i in items],
+                "bucket_bytes": self.bucket_bytes, **info}
 
     async def push(self, staged: StagedWeights, *, then: Callable[[Path], None] | None = None) -> SyncReport:
         """Pause, load `staged` into every server, resume; the file is removed afterwards, or
@@ -243,36 +348,50 @@ class WeightSync:
         the same address needs `/init_weight_transfer_engine` again."""
         async with self._lock:
             pushed = False
+            dense_file = staged.path is not None and staged.base_version is None
             try:
-                pause_seconds = await self._push_all(staged.path, staged.num_tensors, staged.weight_version)
+                pause_seconds = await self._push_all(staged)
                 pushed = True
             except BaseException:
                 self._initialized.clear()
+                self._group = None
+                self._tracker.reset()
                 raise
             finally:
-                if pushed and then is not None:
+                if pushed and then is not None and dense_file:
                     then(staged.path)
-                elif not self.keep_files:
+                elif staged.path is not None and not self.keep_files:
                     staged.path.unlink(missing_ok=True)
+            if self.update_mode == "delta":
+                self._tracker.commit(staged.tensors, staged.weight_version)
+            if then is not None and not dense_file:  # live weights are a full checkpoint, written after the pause
+                path = self.directory / f"{self._prefix}-v{staged.weight_version}.safetensors"
+                await asyncio.to_thread(write_weights_file, staged.tensors, path, staged.weight_version)
+                then(path)
         self.weight_version = staged.weight_version
         report = SyncReport(weight_version=staged.weight_version, bytes=staged.bytes, pause_seconds=pause_seconds,
                             total_seconds=time.perf_counter() - staged.started, write_seconds=staged.write_seconds,
-                            urls=list(self.urls))
+                            urls=list(self.urls), engine=self.engine, changed=staged.changed, total=staged.total,
+                            wire_bytes=staged.bytes, delta=staged.base_version is not None)
         log.info("weight_sync.done", weight_version=report.weight_version, bytes=report.bytes,
                  servers=len(self.urls), pause_s=round(report.pause_seconds, 4),
-                 total_s=round(report.total_seconds, 4))
+                 total_s=round(report.total_seconds, 4), engine=self.engine, changed=report.changed,
+                 total=report.total)
         return report
 
-    async def _push_all(self, path: Path, num_tensors: int, version: int) -> float:
+    async def _push_all(self, staged: StagedWeights) -> float:
         """Pause all, update each, resume all; returns the seconds generation was paused."""
         query = f"/pause?mode={self.pause_mode}&clear_cache={'true' if self.clear_cache else 'false'}"
+        version, info = staged.weight_version, self._update_info(staged)
         t_pause = time.perf_counter()
         paused = await asyncio.gather(*(self._post(u, query) for u in self.urls), return_exceptions=True)
-        results = await asyncio.gather(
-            *(self._push_one(u, path, num_tensors, version) for u, p in zip(self.urls, paused)
-              if not isinstance(p, BaseException)),
-            return_exceptions=True,
-        )
+        ok = [u for u, p in zip(self.urls, paused) if not isinstance(p, BaseException)]
+        if self.engine == "file":
+            results = await asyncio.gather(*(self._push_one(u, info, version) for u in ok), return_exceptions=True)
+        elif len(ok) == len(self.urls):  # the broadcast needs every server of the group
+            results = await self._push_collective(staged, info)
+        else:
+            results = []
         errors: list[BaseException] = [p for p in paused if isinstance(p, BaseException)]
         errors += [r for r in results if isinstance(r, BaseException)]
         broken = {e.url for e in errors if isinstance(e, _BrokenServer)}
@@ -286,7 +405,38 @@ class WeightSync:
             raise ServiceError(f"{first}{more}") from first
         return pause_seconds
 
-    async def _push_one(self, url: str, path: Path, num_tensors: int, version: int) -> None:
+    async def _push_one(self, url: str, info: dict[str, Any], version: int) -> None:
+        await self._start(url, version)
+        await self._step(url, "/update_weights", {"update_info": info}, version)
+        await self._step(url, "/finish_weight_update", {"weight_version": str(version)}, version)
+
+    async def _push_collective(self, staged: StagedWeights, info: dict[str, Any]) -> list[BaseException | None]:
+        """Start the update on every server, then post `/update_weights` to each while the
+        trainer broadcasts (the posts return once their worker received and loaded it all),
+        then finish each. A failure after a start leaves that server paused (see `_start`)."""
+        version, group = staged.weight_version, self._group
+        assert group is not None
+        started = await asyncio.gather(*(self._start(u, version) for u in self.urls), return_exceptions=True)
+        if any(isinstance(r, BaseException) for r in started):
+            return [r if isinstance(r, BaseException) else _BrokenServer(
+                u, f"weight sync: {u}: update started, but another server's failed: it is left paused "
+                   f"mid-update (the next sync takes it over; weight version {version} not applied)")
+                for u, r in zip(self.urls, started)]
+        pieces = weight_delta.iter_payload(staged.planned)
+        sent, *posted = await asyncio.gather(
+            asyncio.to_thread(group.send, pieces, staged.bytes, self.bucket_bytes),
+            *(self._step(u, "/update_weights", {"update_info": info}, version) for u in self.urls),
+            return_exceptions=True)
+        if isinstance(sent, BaseException):
+            posted = [p if isinstance(p, BaseException) else _BrokenServer(
+                u, f"weight sync: broadcast to {u} failed ({sent}); left paused: restart it") for u, p in
+                zip(self.urls, posted)]
+        finish = [self._step(u, "/finish_weight_update", {"weight_version": str(version)}, version)
+                  for u, p in zip(self.urls, posted) if not isinstance(p, BaseException)]
+        finished = iter(await asyncio.gather(*finish, return_exceptions=True))
+        return [p if isinstance(p, BaseException) else next(finished) for p in posted]
+
+    async def _start(self, url: str, version: int) -> None:
         """A failure of `/start_weight_update` touched nothing (the server is resumed); after it,
         the model is mid-update and a forward pass would kill the engine (the server stays paused).
 
@@ -298,14 +448,13 @@ class WeightSync:
             if "already active" not in str(e):
                 raise
             log.warning("weight_sync.takes_over_unfinished_update", url=url, weight_version=version)
-        steps = (("/update_weights", {"update_info": {"path": str(path), "num_tensors": num_tensors}}),
-                 ("/finish_weight_update", {"weight_version": str(version)}))
-        for route, payload in steps:
-            try:
-                await self._post(url, route, payload)
-            except ServiceError as e:
-                raise _BrokenServer(url, f"{e}; the server's weights may be half-updated and it is left "
-                                         f"paused: restart it (weight version {version} not applied)") from e
+
+    async def _step(self, url: str, route: str, payload: dict[str, Any], version: int) -> None:
+        try:
+            await self._post(url, route, payload)
+        except ServiceError as e:
+            raise _BrokenServer(url, f"{e}; the server's weights may be half-updated and it is left "
+                                     f"paused: restart it (weight version {version} not applied)") from e
 
 
 async def server_weight_version(url: str) -> str | None:
@@ -316,6 +465,16 @@ async def server_weight_version(url: str) -> str | None:
                 return (await resp.json(content_type=None)).get("weight_version")
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
         return None
+
+
+def _rendezvous_detail(error: BaseException) -> str:
+    """The worker's own words when a server's join failed (vLLM wraps them in JSON), else the error."""
+    text = " ".join(str(error).split())
+    said = re.search(r"(vime_collective: .*?\?)'", text)
+    url = re.search(r"(https?://\S+) POST", text)
+    if said:
+        return f"{url.group(1) + ': ' if url else ''}{said.group(1)}"
+    return text[:600]
 
 
 class _BrokenServer(ServiceError):
