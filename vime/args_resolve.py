@@ -107,9 +107,10 @@ def resolve(args: Any) -> None:
     if args.store_url is None:
         args.store_url = f"sqlite:///{Path(args.run_dir) / 'vime.db'}"
     args.vllm_model_routers = _model_urls(args.vllm_model_urls or [])
-    from vime.engine.speculation import check_speculation
+    from vime.engine.speculation import CPU_REFUSAL, refused_here
 
-    check_speculation(args.vllm_server_args, "--vllm-speculative-config")
+    if refused_here(args.vllm_server_args):
+        raise ConfigError(f"--vllm-speculative-config: {CPU_REFUSAL}")
     if args.vllm_config is not None:
         from vime.engine.vllm_config import read_vllm_config
 

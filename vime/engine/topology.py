@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vime.engine.speculation import CPU_REFUSAL, refused_here
 from vime.errors import ConfigError
 
 WORKER_TYPES = ("regular", "prefill", "decode", "placeholder")
@@ -185,6 +186,8 @@ def _group(entry: Any, path: str, default_tp: int, fail, check_overrides: bool) 
     if not isinstance(overrides, dict):
         raise fail(f"{path}.overrides", f"expected a mapping of vLLM flags, got {type(overrides).__name__}")
     server_args = override_flags(overrides, f"{path}.overrides", fail, check=check_overrides)
+    if refused_here(server_args):
+        raise fail(f"{path}.overrides.speculative_config", CPU_REFUSAL)
     if tp > 1:
         server_args = ["--tensor-parallel-size", str(tp), *server_args]
     connector = overrides.get("kv_transfer_config")
