@@ -85,3 +85,30 @@ def test_the_session_affinity_benchmark_prints_every_policy_with_its_hit_rate(ti
     # a session's second turn extends its first on the same server: full blocks of it are cached
     hits, _ = map(int, rows["consistent_hash"][2].split("/"))
     assert hits > 0, result.stdout
+
+
+def test_the_weight_sync_benchmark_prints_no_ratio_when_a_sync_failed():
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there: the first sync fails
+    result = subprocess.run([sys.executable, "bench/weight_sync.py", "--sizes", "tiny", "--file-server", dead,
+                             "--collective-server", dead], capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+    assert "ratio" not in result.stdout
+    failure = [line for line in result.stderr.splitlines() if line.startswith("weight_sync: FAILED")]
+    assert len(failure) == 1 and dead in failure[0] and "cannot reach" in failure[0], result.stderr[-2000:]
+
+
+@pytest.mark.vllm
+def test_the_weight_sync_benchmark_compares_the_engines_on_the_tiny_model():
+    """It starts a server per engine (~1 min here) and syncs each a few times."""
+    result = subprocess.run([sys.executable, "bench/weight_sync.py", "--sizes", "tiny", "--repeats", "1"],
+                            capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    rows = {line[:20].strip(): line[20:].split() for line in result.stdout.splitlines()
+            if line.startswith(("file dense", "collective dense", "collective delta", "raw gloo broadcast"))}
+    assert list(rows) == ["file dense", "collective dense", "collective delta", "raw gloo broadcast"], result.stdout
+    total = rows["file dense"][3].split("/")[1]
+    assert rows["file dense"][3] == rows["collective dense"][3] == f"{total}/{total}"
+    changed = int(rows["collective delta"][3].split("/")[0])
+    assert 0 < changed < 0.05 * int(total)  # --fraction 0.01 of the elements moved
+    assert float(rows["collective delta"][2]) < 0.1 * float(rows["collective dense"][2])
+    assert rows["raw gloo broadcast"][-1] == "1.0x"

@@ -62,6 +62,9 @@ def test_the_tracker_sends_dense_until_a_commit_and_again_after_a_reset():
     assert tracker.is_delta(planned) and tracker.base_version == 1
     assert isinstance(planned["a"], Patch) and planned["a"].indices.tolist() == [0, 1, 2]
     assert planned["b"].indices.numel() == 0 and (stats.changed, stats.total) == (3, 200)
+    tracker.commit(weights, version=2, planned=planned)  # the base is patched, not copied
+    assert tracker.base_version == 2 and torch.equal(tracker.base["a"], weights["a"])
+    assert tracker.plan(weights)[1].changed == 0  # nothing moved since
     weights["c"] = torch.zeros(2)  # a new tensor: the record no longer matches, all dense
     assert not tracker.is_delta(tracker.plan(weights)[0])
     tracker.reset()

@@ -110,9 +110,18 @@ class DeltaTracker:
     def is_delta(self, planned: Mapping[str, torch.Tensor | Patch]) -> bool:
         return any(isinstance(p, Patch) for p in planned.values())
 
-    def commit(self, tensors: Mapping[str, torch.Tensor], version: int) -> None:
-        """`tensors` are the ones just synced; they must not be modified afterwards (copy if so)."""
-        self.base = {n: t.detach().clone() for n, t in tensors.items()}
+    def commit(self, tensors: Mapping[str, torch.Tensor], version: int,
+               planned: Mapping[str, torch.Tensor | Patch] | None = None) -> None:
+        """`tensors` were just synced: they become the base (copied: the trainer steps in place).
+        With the `planned` they were sent as, the base is patched instead of copied whole."""
+        if planned is None or self.base is None or set(planned) != set(self.base):
+            self.base = {n: t.detach().clone() for n, t in tensors.items()}
+        else:
+            for name, item in planned.items():
+                if isinstance(item, Patch):
+                    apply_patch(self.base[name], item)
+                else:
+                    self.base[name] = tensors[name].detach().clone()
         self.base_version = version
 
     def reset(self) -> None:

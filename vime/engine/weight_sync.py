@@ -363,7 +363,7 @@ class WeightSync:
                 elif staged.path is not None and not self.keep_files:
                     staged.path.unlink(missing_ok=True)
             if self.update_mode == "delta":
-                self._tracker.commit(staged.tensors, staged.weight_version)
+                self._tracker.commit(staged.tensors, staged.weight_version, staged.planned)
             if then is not None and not dense_file:  # live weights are a full checkpoint, written after the pause
                 path = self.directory / f"{self._prefix}-v{staged.weight_version}.safetensors"
                 await asyncio.to_thread(write_weights_file, staged.tensors, path, staged.weight_version)
