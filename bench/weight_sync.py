@@ -19,8 +19,8 @@ Rows per size:
 
 Columns: pause seconds, whole-sync seconds, wire bytes, changed/total elements, and the ratio
 of the row's whole-sync seconds to the raw broadcast's (the goal for collective dense: <= 2x).
-Median of `--repeats` syncs after a warm-up one per engine (server init, rendezvous). A failed sync fails the benchmark: one line on stderr, no ratio,
-exit 1.
+Median of `--repeats` syncs after a warm-up one per engine (server init, rendezvous). A failed
+sync, in any size, fails the benchmark: one line on stderr, no table, exit 1.
 """
 
 from __future__ import annotations
@@ -230,21 +230,20 @@ def main() -> int:
     if (args.file_server or args.collective_server) and (len(sizes) != 1 or not (args.file_server and
                                                                                  args.collective_server)):
         parser.error("--file-server and --collective-server go together, with one --sizes")
-    results = {}
+    results: dict[str, list[Row]] = {}
     with tempfile.TemporaryDirectory(prefix="vime-bench-weight-sync-") as tmp:
         root = Path(os.environ.get("VIME_BENCH_MODELS", tmp))
         for size in sizes:
             try:
-                rows = run_size(size, args, root)
-            except SyncFailed as e:
+                results[size] = run_size(size, args, root)
+            except SyncFailed as e:  # no figures at all: a failed sync makes the others suspect too
                 print(f"weight_sync: FAILED ({size}): {e}", file=sys.stderr)
                 return 1
-            params = rows[1].total_elements
-            results[size] = [r.__dict__ for r in rows]
-            print_table(size, params, rows)
+    for size, rows in results.items():
+        print_table(size, rows[1].total_elements, rows)
     print(f"\nload: {os.getloadavg()[0]:.1f} (1 min), {os.cpu_count()} CPUs")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        Path(args.json).write_text(json.dumps({k: [r.__dict__ for r in v] for k, v in results.items()}, indent=1))
     return 0
 
 

