@@ -15,9 +15,11 @@ from pathlib import Path
 import aiohttp
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import vime
 from vime.engine.client import EngineClient
+from vime.engine.live_weights import read_version
 from vime.engine.server import VLLMServer
 from vime.engine.weight_sync import (
     WeightSync,
@@ -76,13 +78,16 @@ async def rollout(url: str, prompt: list[int]) -> tuple[list[int], list[float]]:
     return out.token_ids, out.log_probs
 
 
-async def test_one_collective_sync_updates_both_servers(servers, trainer, probe):
+async def test_one_collective_sync_updates_both_servers(servers, trainer, probe, tmp_path):
     urls = [s.url for s in servers]
     perturb(trainer, seed=1)
     expected = reference_logprobs(trainer, probe)
-    async with WeightSync(urls, engine="collective", bucket_bytes=1 << 20) as sync:
+    published = []
+    async with WeightSync(urls, engine="collective", bucket_bytes=1 << 20, directory=tmp_path) as sync:
         report = await sync.sync(trainer.state_dict())
-        again = await sync.sync(trainer.state_dict())  # the group is formed once, then reused
+        # the group is formed once, then reused; the live weights a restarted server boots from
+        # are written after the pause, as a full checkpoint
+        again = await sync.sync(trainer.state_dict(), then=published.append)
     print(f"\ncollective sync to 2 servers: {report.wire_bytes / 1e6:.1f} MB, pause {report.pause_seconds:.2f} s, "
           f"total {report.total_seconds:.2f} s; second {again.total_seconds:.2f} s")
     assert report.engine == "collective" and not report.delta
@@ -91,6 +96,9 @@ async def test_one_collective_sync_updates_both_servers(servers, trainer, probe)
     for url in urls:
         assert await verify_sync(url, probe, expected) <= ATOL
         assert await server_weight_version(url) == str(again.weight_version)
+    (path,) = published
+    assert read_version(path) == again.weight_version
+    assert set(load_file(str(path))) == {n for n in trainer.state_dict() if n != "lm_head.weight"}
 
 
 async def test_a_bad_rendezvous_fails_in_one_line_and_the_servers_keep_serving_their_weights(
