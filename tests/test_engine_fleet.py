@@ -96,3 +96,4 @@ async def test_a_frozen_models_server_comes_back_on_its_checkpoint_not_the_polic
     assert policy.slots[0].server.model == str(tmp_path / "live") and "weight version 7" in policy_lines[-1]
     assert frozen.slots[0].server.model == "reward-model" and "its checkpoint (a frozen model)" in frozen_lines[-1]
     assert "vLLM server reward 0 (http://127.0.0.1:4244) died" in frozen_lines[0]
+    assert "restarting it on the same address with its checkpoint (a frozen model)" in frozen_lines[0]

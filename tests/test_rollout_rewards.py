@@ -93,6 +93,25 @@ async def test_a_slime_reward_function_runs_unchanged(tmp_path, hook_module):
         await reward(make_args(tmp_path, "--custom-rm-path", f"{mod}.broken"), Sample(index=7))
 
 
+async def test_a_reward_function_whose_model_server_is_gone_fails_as_infrastructure_and_is_retried(
+        tmp_path, hook_module):
+    """A reward function calling a reward model (`args.vllm_model_routers`) whose server died is
+    not a bug in the function: the rollout is retried once the server is back, not the run stopped."""
+    from vime.engine.server import free_port
+
+    mod = hook_module(f"""
+        import aiohttp
+
+        async def reward_model(args, sample):
+            async with aiohttp.ClientSession() as http:
+                async with http.post("http://127.0.0.1:{free_port()}/v1/completions", json={{}}) as r:
+                    return (await r.json())["score"]
+    """)
+    with pytest.raises(ServiceError, match=rf"--custom-rm-path '{mod}.reward_model' could not reach its service: "
+                                           r"ClientConnectorError: .* on sample 3"):
+        await reward(make_args(tmp_path, "--custom-rm-path", f"{mod}.reward_model"), Sample(index=3))
+
+
 async def test_a_reward_that_is_nan_or_infinite_is_a_final_error_naming_the_hook(tmp_path, hook_module):
     mod = hook_module("""
         async def nan(args, sample):

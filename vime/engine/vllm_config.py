@@ -21,8 +21,18 @@ def read_vllm_config(path: str) -> dict:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"--vllm-config {path!r}: not valid YAML ({first})") from exc
+        raise ConfigError(f"--vllm-config {path!r}: not valid YAML ({_yaml_problem(exc)})") from exc
+    if data is None:
+        raise ConfigError(f"--vllm-config {path!r}: the file is empty; see docs/vllm-config.md for its format")
     if not isinstance(data, dict):
         raise ConfigError(f"--vllm-config {path!r}: expected a YAML mapping at the top, got {type(data).__name__}")
     return data
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    """`line 4, column 9: expected ',' or '}', but got ':'`, or PyYAML's first line."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is not None and problem:
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

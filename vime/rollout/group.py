@@ -33,12 +33,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 
 from vime.errors import ConfigError, ServiceError
 from vime.log import get_logger
 from vime.plugins import call_hook_async, load_function
 from vime.rollout import generate as default_generate
+from vime.rollout.failures import is_infra_error
 from vime.rollout.rewards import group_rewards
 from vime.rollout.sampling import params_for_sample, sampling_params_from_args
 from vime.types import Sample
@@ -66,22 +66,6 @@ def _as_siblings(result: Any, source: str) -> list[Sample]:
             what = "a list holding " + ", ".join(sorted({type(s).__name__ for s in result}))
         raise ConfigError(f"{source} returned {what}; a generate function returns a Sample or a non-empty list[Sample]")
     return siblings
-
-
-def is_infra_error(exc: BaseException) -> bool:
-    """Whether a failed generate is the infrastructure's fault (retry it) rather than the request's.
-
-    A `ServiceError` (vime's engine client: server down, cut off, stalled, 5xx) is, except an
-    HTTP 4xx, which the request itself earned (a wrong model name, a bad parameter). Raw
-    connection errors from a hook's own HTTP client (aiohttp's `ClientPayloadError`,
-    `ServerDisconnectedError`, a refused connection, a timeout) are too.
-    """
-    status = getattr(exc, "status", None)
-    if isinstance(exc, ServiceError):
-        return not (isinstance(status, int) and 400 <= status < 500)
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return exc.status >= 500
-    return isinstance(exc, (aiohttp.ClientError, asyncio.TimeoutError, ConnectionError))
 
 
 def _mark_failed(original: Sample, exc: Exception, source: str) -> Sample:

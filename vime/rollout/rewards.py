@@ -11,7 +11,8 @@ In order of precedence, as in slime:
 
 A reward may be a dict (several scores); `reward_value` picks `--reward-key` from it. Errors
 name the hook or URL: a reward service that cannot be reached raises `ServiceError` (an infra
-failure, retried), a misconfiguration `ConfigError`. A user reward function that raises, or
+failure, retried), as does a user reward function whose own HTTP client lost its service (a
+reward model's server that died and is being restarted), a misconfiguration `ConfigError`. A user reward function that raises, or
 returns NaN, infinity or a non-number, raises `RewardError` (a `ConfigError`, so it is never
 retried) naming the hook and the sample: a buggy reward function must stop the run, not zero it.
 """
@@ -31,6 +32,7 @@ import aiohttp
 from vime.errors import ConfigError, ServiceError
 from vime.plugins import call_hook_async, load_function
 from vime.rollout import math_grader
+from vime.rollout.failures import is_infra_error
 from vime.types import Sample
 
 REMOTE_RM_ATTEMPTS = 3
@@ -92,6 +94,9 @@ async def _call_user_rm(fn: Callable[..., Any], source: str, *args: Any) -> Any:
         which = (f" on sample {target.index}" if isinstance(target, Sample) and target.index is not None
                  else f" on a batch of {len(target)} samples" if isinstance(target, list) else "")
         where = _user_frame(exc)
+        if is_infra_error(exc):  # its reward model's server died or hung up: retried, as a generate is
+            raise ServiceError(f"{source} could not reach its service: {type(exc).__name__}: {exc}{which}{where}") \
+                from exc
         raise RewardError(f"{source} raised {type(exc).__name__}: {exc}{which}{where}") from exc
 
 
