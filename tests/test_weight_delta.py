@@ -71,6 +71,19 @@ def test_the_tracker_sends_dense_until_a_commit_and_again_after_a_reset():
     assert not tracker.is_delta(tracker.plan({"a": weights["a"]})[0]) and tracker.base_version is None
 
 
+def test_a_tensor_whose_patch_would_outweigh_it_goes_whole():
+    """A patch costs 4 index bytes per changed element on top of its value: when most of a tensor
+    changed (Adam on a float32 wire moves every element) sending it dense is smaller."""
+    tracker = DeltaTracker()
+    weights = {"moved": torch.zeros(100), "still": torch.zeros(100)}
+    tracker.commit(weights, version=1)
+    weights["moved"] += 1e-6
+    weights["still"][:5] = 1.0
+    planned, stats = tracker.plan(weights)
+    assert planned["moved"] is weights["moved"] and isinstance(planned["still"], Patch)
+    assert (stats.changed, stats.total) == (105, 200)  # what changed is reported either way
+
+
 def test_a_patched_tensor_is_two_entries_in_the_weights_file():
     patch = Patch(torch.tensor([1], dtype=torch.int32), torch.tensor([2.0]))
     entries = file_entries({"w": torch.zeros(3), "p": patch})

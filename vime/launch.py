@@ -82,12 +82,14 @@ def engines(args, run_dir: Path) -> Iterator[ModelFleets | ExternalEngines]:
         return
     topology = topology_of(args, check_overrides=False)  # checked when the flags were parsed
     fleets = model_fleets(topology, run_server_args=list(args.vllm_server_args), router_args=list(args.router_args),
-                          run_dir=run_dir)
+                          run_dir=run_dir, sync_engine=args.weight_sync_engine)
     for model in topology.models:
         log_path = fleets.fleets[model.name].slots[0].server.log_path
+        if model.num_servers > 1:
+            log_path = log_path.with_name(log_path.name.replace("-0.log", "-*.log"))
         who = f" for {model.name}" if len(topology.models) > 1 else ""
         print(f"[vime] starting {model.num_servers} vLLM server(s){who} on {model.model_path}"
-              f"{'' if model.update_weights else ' (frozen)'} (log: {log_path})", flush=True)
+              f"{'' if model.update_weights else ' (frozen)'} (logs: {log_path})", flush=True)
     fleets.start()  # `wait_ready` once the workers start
     try:
         yield fleets

@@ -237,7 +237,8 @@ class TrainingWorkflow:
             metrics.update(step=step, weight_version=self.state.weight_version, rollouts=prepared.rollouts,
                            rollout_wait_seconds=t1 - t0, train_phase_seconds=t2 - t1,
                            sync_seconds=workflow.time() - t2, sync_pause_seconds=sync.get("pause_seconds", 0.0),
-                           finished_at=workflow.now().timestamp())
+                           finished_at=workflow.now().timestamp(),
+                           **{f"sync_{k}": sync[k] for k in ("wire_bytes", "changed", "total") if k in sync})
             self.state.metrics = (self.state.metrics + [metrics])[-KEEP_METRICS:]
             await self._record_metrics(step, metrics)
             if cfg.save and (self.state.step % (cfg.save_interval or cfg.num_rollout) == 0

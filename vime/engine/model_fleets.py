@@ -76,13 +76,16 @@ class ModelFleets:
 
 
 def model_fleets(topology: Topology, *, run_server_args: list[str], router_args: list[str],
-                 run_dir: Path) -> ModelFleets:
-    """Fleets (not started) for every model of `topology`. Logs: `vllm-<i>.log` and `router.log`
+                 run_dir: Path, sync_engine: str = "file") -> ModelFleets:
+    """Fleets (not started) for every model of `topology`; the policy's servers load the weight-
+    transfer engine `sync_engine` (`--weight-sync-engine`). Logs: `vllm-<i>.log` and `router.log`
     for a topology of one model (as without `--vllm-config`), `vllm-<model>-<i>.log` and
     `router-<model>.log` for several."""
     several = len(topology.models) > 1
     cores = core_sets(sum(m.num_servers for m in topology.models))
-    fleets = {m.name: _fleet(m, several, run_server_args, router_args, run_dir, cores) for m in topology.models}
+    sync_args = weight_sync_server_args(sync_engine)
+    fleets = {m.name: _fleet(m, several, run_server_args, router_args, run_dir, cores, sync_args)
+              for m in topology.models}
     return ModelFleets(fleets, topology.rollout_model.name, topology.policy is not None)
 
 
@@ -105,9 +108,9 @@ def core_sets(servers: int, cores: int | None = None) -> list[dict[str, str]]:
 
 
 def _fleet(model: ServedModel, several: bool, run_server_args: list[str], router_args: list[str],
-           run_dir: Path, cores: list[dict[str, str]]) -> EngineFleet:
+           run_dir: Path, cores: list[dict[str, str]], sync_args: list[str]) -> EngineFleet:
     stem = f"vllm-{model.name}" if several else "vllm"
-    base = (weight_sync_server_args() if model.update_weights else []) + list(run_server_args)
+    base = (sync_args if model.update_weights else []) + list(run_server_args)
     servers: dict[str, list[VLLMServer]] = {"regular": [], "prefill": [], "decode": []}
     index = 0
     for group in model.groups:

@@ -12,8 +12,9 @@ its environment instead, to paste into your own launcher.
 
 With `--vllm-config` it starts the whole topology (`docs/vllm-config.md`): every model's servers
 and routers, kept alive as `vime train` keeps them, until Ctrl-C; it prints each model's address
-once they answer, for `--vllm-model-urls` of workers you start. `--print-command` prints every
-server's and router's command (ports are picked free now; pass them on as they are).
+once they answer, for `--vllm-model-urls` of workers you start. Logs go to the run directory
+(`--run-dir`, default `runs/<run-id>`). `--print-command` prints every server's and router's
+command (ports are picked free at each call: run the printed commands as they are).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -35,8 +37,8 @@ def server_for(args) -> VLLMServer:
     if not Path(args.hf_checkpoint).is_dir():
         raise ConfigError(f"--hf-checkpoint {args.hf_checkpoint!r} is not a directory; vime engine serves a local "
                           "model directory")
-    return VLLMServer(args.hf_checkpoint, server_args=weight_sync_server_args(args.weight_sync_engine) + list(args.vllm_server_args),
-                      host=args.engine_host, port=args.engine_port)
+    server_args = weight_sync_server_args(args.weight_sync_engine) + list(args.vllm_server_args)
+    return VLLMServer(args.hf_checkpoint, server_args=server_args, host=args.engine_host, port=args.engine_port)
 
 
 def shell_line(command: list[str], env: dict[str, str]) -> str:
@@ -63,16 +65,20 @@ def serve_topology(args, *, print_only: bool) -> int:
     from vime.engine.topology import topology_of
 
     run_dir = Path(args.run_dir)
-    fleets = model_fleets(topology_of(args), run_server_args=list(args.vllm_server_args),
-                          router_args=list(args.router_args), run_dir=run_dir)
+    topology = topology_of(args)
+    fleets = model_fleets(topology, run_server_args=list(args.vllm_server_args),
+                          router_args=list(args.router_args), run_dir=run_dir, sync_engine=args.weight_sync_engine)
     if print_only:
+        roles = {g.worker_type for m in topology.models for g in m.groups}
         for name, fleet in fleets.fleets.items():
             for slot in fleet.slots:
-                print(f"# {name} server {slot.index}\n{shell_line(slot.server.command(), slot.server.environment())}")
+                role = _role(fleet, slot.server.url) if "prefill" in roles else "server"
+                print(f"# {name} {role} {slot.index}\n{shell_line(slot.server.command(), slot.server.environment())}")
             if fleet.router is not None:
                 print(f"# {name} router\n{shlex.join(fleet.router.command())}")
         return 0
     run_dir.mkdir(parents=True, exist_ok=True)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even where a shell started us ignoring it
     print(f"[vime] starting the servers of {args.vllm_config} (logs in {run_dir})", file=sys.stderr, flush=True)
     fleets.start()
     try:
@@ -84,6 +90,15 @@ def serve_topology(args, *, print_only: bool) -> int:
     finally:
         fleets.__exit__()
     return 0
+
+
+def _role(fleet, url: str) -> str:
+    router = fleet.router
+    if router is not None and url in router.prefill_urls:
+        return "prefill server"
+    if router is not None and url in router.decode_urls:
+        return "decode server"
+    return "server"
 
 
 async def _supervise(fleets) -> None:

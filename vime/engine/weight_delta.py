@@ -82,8 +82,8 @@ class DeltaStats:
 class DeltaTracker:
     """Trainer side: the last synced tensors (wire dtype, CPU), and the patches against them.
 
-    `plan(tensors)` returns, per name, the tensor itself (dense: first sync, or a tensor that
-    is new or changed shape) or a `Patch`; `commit` makes `tensors` the new base once every
+    `plan(tensors)` returns, per name, the tensor itself (dense: first sync, a tensor that is
+    new or changed shape, or one whose patch would not be smaller than it) or a `Patch`; `commit` makes `tensors` the new base once every
     server took them, `reset` forgets the base (the next plan is dense).
     """
 
@@ -103,8 +103,10 @@ class DeltaTracker:
                 stats.changed += t.numel()
                 continue
             patch = changed_elements(old, t)
-            out[name] = patch
             stats.changed += patch.indices.numel()
+            # 4 index bytes per changed element: past a share of the tensor the patch is the bigger
+            # payload (every element of a float32 wire moves under Adam), so the tensor goes whole
+            out[name] = t if patch.nbytes >= t.numel() * t.element_size() else patch
         return out, stats
 
     def is_delta(self, planned: Mapping[str, torch.Tensor | Patch]) -> bool:
