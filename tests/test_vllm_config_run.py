@@ -1,15 +1,20 @@
 """A run on a `--vllm-config` topology: an actor on two servers behind its router, and a frozen reward
 model that the reward function calls through `args.vllm_model_routers`. The run trains; only the
-actor's servers take weights."""
+actor's servers take weights; the reward model's server killed mid-run comes back on its
+checkpoint and the rollouts that lost it are retried."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+from pathlib import Path
 
 import pytest
 
 from tests.runs import TrainRun
+from vime.procs import leftover_processes
 from vime.store import SampleStore
 
 pytestmark = pytest.mark.vllm
@@ -55,19 +60,23 @@ vllm:
         overrides: {{max_model_len: 256}}
 """)
     calls = tmp_path / "reward_calls.jsonl"
-    steps = 3
+    steps = 4
     run = TrainRun(tmp_path, tiny_model_dir, "--vllm-config", str(topology), "--vllm-max-model-len", "512",
                    "--custom-rm-path", "rm_client.score", steps=steps, groups=2, n=2,
                    env={"REWARD_CALLS": str(calls)})
     try:
-        assert run.run_to_end(timeout=1200) == 0, run.tail()
+        run.start()
+        run.wait_for_step(1)
+        os.kill(server_of(run, reward_model), signal.SIGKILL)  # the reward model dies under the reward function
+        assert run.wait(timeout=1200) == 0, run.tail()
         out = run.output()
         assert "starting 2 vLLM server(s) for actor" in out and "starting 1 vLLM server(s) for reward" in out
+        assert "vLLM server reward 0" in out and "serving its checkpoint (a frozen model)" in out, run.tail()
         assert f"finished: {steps} steps" in out
         run.assert_trained_exactly_once()
 
         records = [json.loads(line) for line in calls.read_text().splitlines()]
-        assert len(records) == steps * 2 * 2  # every sample scored by the reward model's server
+        assert len(records) >= steps * 2 * 2  # every sample scored by the reward model's server (retries too)
         assert {r["version"] for r in records} == {records[0]["version"]}  # never updated
         actor_url = records[0]["actor"]
         assert actor_url not in {r["url"] for r in records}
@@ -88,3 +97,14 @@ vllm:
     finally:
         run.kill_all()
 
+
+def server_of(run: TrainRun, model: Path) -> int:
+    """The pid of the vLLM server of `model` that `run` started (not the guard in front of it)."""
+    for pid in leftover_processes(run.run_dir):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"vime.procguard" not in cmd and b"vllm.entrypoints.openai.api_server" in cmd and str(model).encode() in cmd:
+            return pid
+    raise AssertionError(f"no vLLM server of {model} is running")
