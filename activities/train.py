@@ -66,18 +66,15 @@ class TrainerActivities:
         self._sync: WeightSync | None = None
         self._lease: tuple[str, float] | None = None  # (run id, time.monotonic() it expires)
 
-    def verify_tolerance(self, expected) -> float:
-        """How far vLLM's logprobs of the probe may be from the trainer's (`expected`): 1e-3 with
-        fp32 on both sides; with a bf16 trainer or bf16 rollout servers (`vime.precision`) 5e-2 plus
-        1% of the largest |logprob|, since bf16 keeps ~3 significant digits: a token the trained
-        policy gives logprob -23 is off by 0.05 with the right weights (the bf16 quickstart)."""
+    def verify_tolerance(self) -> tuple[float, float]:
+        """`(atol, rtol)` for `verify_sync`: 1e-3 with fp32 on both sides; with a bf16 trainer or
+        bf16 rollout servers (`vime.precision`) 5e-2 + 1% of each |logprob|: a token the trained
+        policy gives logprob -23 is 0.05 off with the right weights (the bf16 quickstart)."""
         if self._verify_atol is not None:
-            return self._verify_atol
-        from vime.precision import run_precisions
-
-        if self.group.trainer.dtype.itemsize == 4 and not run_precisions(self.group.args).differ:
-            return 1e-3
-        return 5e-2 + 0.01 * max((abs(float(e)) for e in expected), default=0.0)
+            return self._verify_atol, 0.0
+        if self.group.trainer.dtype.itemsize == 4 and not self.group.args.low_precision_rollouts:
+            return 1e-3, 0.0
+        return 5e-2, 1e-2
 
     async def _run(self, name: str, *payload):
         async with self._lock, heartbeating():
@@ -146,8 +143,8 @@ class TrainerActivities:
                 await self._wait_for(urls, deadline)
                 try:
                     report = await self._sync.sync(weights, inp.weight_version, then=publish)
-                    atol = self.verify_tolerance(expected)
-                    worst = max([await verify_sync(url, probe, expected, atol=atol) for url in urls])
+                    atol, rtol = self.verify_tolerance()
+                    worst = max([await verify_sync(url, probe, expected, atol=atol, rtol=rtol) for url in urls])
                     break
                 except ServiceError as e:
                     if all([await wait_until_healthy(u, 1.0) for u in urls]):

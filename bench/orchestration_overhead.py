@@ -72,12 +72,14 @@ HEALTH_FAILURES = 3  # consecutive /health failures that mean the engine is gone
 
 @dataclass
 class Failures:
-    """Rollouts that did not finish, over the whole run; `first` names the first cause."""
+    """Work that did not finish, over the whole run; `first` names the first cause. Shared by the
+    benchmarks (`concurrency`, `session_affinity`): any failure prints this line and no figures."""
 
     failed: int = 0
     total: int = 0
     first: str | None = None
     name: str = "orchestration_overhead"  # the benchmark the line is printed by
+    unit: str = "rollouts"  # what failed: rollouts, requests
 
     def add(self, failed: int, total: int, error: str | None) -> None:
         self.failed += failed
@@ -86,7 +88,7 @@ class Failures:
             self.first = " ".join(str(error).split())[:400]
 
     def line(self) -> str:
-        return (f"{self.name}: FAILED: {self.failed} of {self.total} rollouts failed; first error: "
+        return (f"{self.name}: FAILED: {self.failed} of {self.total} {self.unit} failed; first error: "
                 f"{self.first}; no figures printed")
 
 

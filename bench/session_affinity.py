@@ -52,6 +52,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.orchestration_overhead import Failures  # noqa: E402
 from vime.engine.client import EngineClient  # noqa: E402
 from vime.engine.server import VLLMServer  # noqa: E402
 from vime.log import configure_logging  # noqa: E402
@@ -64,25 +65,6 @@ FINISHED = "vllm:request_success_total"
 E2E_SUM, E2E_COUNT = "vllm:e2e_request_latency_seconds_sum", "vllm:e2e_request_latency_seconds_count"
 COUNTERS = (HITS, QUERIES, FINISHED, E2E_SUM, E2E_COUNT)
 PROGRESS_TIMEOUT = 180.0  # a loaded 2-core machine can leave a queued request silent for a while
-
-
-@dataclass
-class Failures:
-    """Requests that did not finish, over the whole benchmark; `first` names the first cause."""
-
-    failed: int = 0
-    total: int = 0
-    first: str | None = None
-
-    def add(self, failed: int, total: int, error: str | None) -> None:
-        self.failed += failed
-        self.total += total
-        if failed and self.first is None:
-            self.first = " ".join(str(error).split())[:400]
-
-    def line(self) -> str:
-        return (f"session_affinity: FAILED: {self.failed} of {self.total} requests failed; first error: "
-                f"{self.first}; no table printed")
 
 
 @dataclass
@@ -283,7 +265,7 @@ async def main(cli: argparse.Namespace) -> int:
     convs = conversations(AutoTokenizer.from_pretrained(model), cli)
     longest = longest_prompt(convs, cli.max_tokens)
     max_len = max(1024, -(-(longest + cli.max_tokens) // 1024) * 1024)
-    failures, servers, figures = Failures(), [], {}
+    failures, servers, figures = Failures(name="session_affinity", unit="requests"), [], {}
     try:
         if not cli.vllm_urls:
             servers = start_servers(model, max_len, work)

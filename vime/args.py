@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 
 from vime import args_forward as forward
 from vime.args_resolve import resolve, trains_on_rollouts
-from vime.precision import apply_correction_default
+from vime.precision import resolve_precision
 from vime.errors import ConfigError
 
 GROUPS = {
@@ -290,6 +290,7 @@ class VimeArgs:
     vllm_config_data: dict | None = None
     vllm_model_routers: dict[str, str] = field(default_factory=dict)  # model name -> URL (its router or server)
     tis_because: str = ""  # why --use-tis was turned on by default (vime.precision), for the console
+    low_precision_rollouts: bool = False  # the policy servers sample in another precision than the trainer
     argv: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -420,8 +421,7 @@ def parse_args(argv: list[str] | None = None) -> VimeArgs:
     if "router_policy" in values:
         args.router_args = ["--policy", args.router_policy, *args.router_args]
     resolve(args)
-    if trains_on_rollouts(args):
-        apply_correction_default(args, given=values.keys())
+    resolve_precision(args, given=values.keys(), training=trains_on_rollouts(args))
     args.argv = [*argv, "--run-id", args.run_id, "--run-dir", args.run_dir]
     return args
 

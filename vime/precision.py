@@ -65,15 +65,15 @@ def run_precisions(args: Any) -> Precisions:
     return seen
 
 
-def apply_correction_default(args: Any, given: Collection[str]) -> Precisions | None:
-    """Turn TIS on when the rollout and trainer precisions differ and neither `use_tis` nor
-    `use_mis` is in `given` (the flags the command line set). Returns the precisions when it did."""
-    if "use_tis" in given or "use_mis" in given:
-        return None
+def resolve_precision(args: Any, given: Collection[str], *, training: bool) -> None:
+    """Once per parse: record whether the policy servers sample in another precision than the
+    trainer (`args.low_precision_rollouts`, which the weight-sync check reads), and for a training
+    run whose command line set neither `use_tis` nor `use_mis` (`given`: the flags it set), turn
+    TIS on and say why (`args.tis_because`)."""
     seen = run_precisions(args)
-    if not seen.differ:
-        return None
+    args.low_precision_rollouts = seen.differ
+    if not seen.differ or not training or "use_tis" in given or "use_mis" in given:
+        return
     args.use_tis = True
     args.tis_because = (f"rollouts sample in {seen.rollout}, the trainer computes in {seen.trainer}: --use-tis is "
                         "on (truncated importance sampling corrects the gap; --no-use-tis turns it off)")
-    return seen

