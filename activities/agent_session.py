@@ -21,7 +21,7 @@ from vime.agent.adapters.core import Segment
 from vime.agent.coding.agent import AgentState, CodingAgent
 from vime.agent.coding.config import agent_config, sampling_defaults
 from vime.agent.recorder import Restored
-from vime.agent.sandbox.base import Sandbox
+from vime.sandbox.base import Sandbox
 from workflows.coding_agent import AgentTask, SessionOutput
 
 Checkpoint = Callable[[dict[str, list[Segment]], dict], Awaitable[None]]

@@ -30,7 +30,7 @@ from vime.agent.coding.config import shared_adapter
 from vime.agent.coding.task import coding_task
 from vime.agent.fanout import trajectory_to_samples
 from vime.agent.recorder import TrajectoryRecorder
-from vime.agent.sandbox.git import capture_diff, restore_diff
+from vime.sandbox.git import capture_diff, restore_diff
 from vime.errors import ConfigError
 from vime.log import get_logger
 from vime.rollout.data_source import make_data_source

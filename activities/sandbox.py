@@ -34,8 +34,8 @@ from activities.store_calls import store_call
 from vime.agent.coding.config import sandbox_options
 from vime.agent.coding.grading import grade_in_sandbox, task_test_files
 from vime.agent.recorder import TrajectoryRecorder
-from vime.agent.sandbox import SandboxGone, attach_sandbox, make_sandbox
-from vime.agent.sandbox.git import capture_diff, init_base
+from vime.sandbox import SandboxGone, attach_sandbox, make_sandbox
+from vime.sandbox.git import capture_diff, init_base
 from vime.log import get_logger
 from vime.store import SampleStore
 from workflows.coding_agent import (PATCH_DOES_NOT_APPLY, SANDBOX_LOST, BootInput, DiffInput, DiffOutput,

@@ -33,8 +33,8 @@ from examples.coding_agent_rl.tasks.prepare import load_tasks  # noqa: E402
 from vime.agent.adapters import AnthropicAdapter  # noqa: E402
 from vime.agent.coding.agent import AgentConfig, AgentState, CodingAgent  # noqa: E402
 from vime.agent.recorder import TrajectoryRecorder  # noqa: E402
-from vime.agent.sandbox import make_sandbox  # noqa: E402
-from vime.agent.sandbox.git import capture_diff, init_base  # noqa: E402
+from vime.sandbox import make_sandbox  # noqa: E402
+from vime.sandbox.git import capture_diff, init_base  # noqa: E402
 from vime.log import configure_logging  # noqa: E402
 from vime.store import SampleStore  # noqa: E402
 from vime.testing.scripted import ScriptedEngine, tool_call_text  # noqa: E402

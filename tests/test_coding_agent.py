@@ -23,7 +23,7 @@ from vime.agent.coding.agent import (COMPACT_PROMPT, DEFAULT_SYSTEM_PROMPT, SUMM
                                      AgentState, CodingAgent, run_coding_agent)
 from vime.agent.coding.claude_code import claude_code_available, claude_code_binds, run_claude_code
 from vime.agent.coding.tools import MAIN_TOOLS, tool_definitions
-from vime.agent.sandbox import BwrapSandbox
+from vime.sandbox import BwrapSandbox
 from vime.testing.engine import RecordingEngineClient, check_segments_against_engine
 from vime.testing.scripted import ScriptedEngine, tool_call_text
 

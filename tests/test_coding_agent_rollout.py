@@ -34,7 +34,7 @@ from examples.coding_agent_rl.gold_edits import write_prompts
 from examples.coding_agent_rl.tasks.prepare import load_tasks
 from vime.agent.coding.claude_code import claude_code_available
 from tests.conftest import engine_flags
-from vime.agent.sandbox.bwrap import reap_stale_workdirs
+from vime.sandbox.bwrap import reap_stale_workdirs
 from vime.store import SampleStore
 from vime.temporal.search_attributes import ROLLOUT_STATUS
 from workflows.coding_agent import AgentRolloutInput, AgentRolloutOutput, agent_workflow_id

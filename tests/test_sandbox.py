@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vime.agent.sandbox import (
+from vime.sandbox import (
     BwrapSandbox,
     CommandFailed,
     CommandTimeout,

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from vime.agent.sandbox import (
+from vime.sandbox import (
     CommandFailed,
     CommandTimeout,
     E2BSandbox,
@@ -29,8 +29,8 @@ from vime.agent.sandbox import (
     make_sandbox,
 )
 from activities.sandbox import SandboxActivities
-from vime.agent.sandbox.e2b import BOOT_KEY_METADATA
-from vime.agent.sandbox.git import capture_diff, init_base, restore_diff
+from vime.sandbox.e2b import BOOT_KEY_METADATA
+from vime.sandbox.git import capture_diff, init_base, restore_diff
 from vime.errors import ConfigError
 from vime.store import SampleStore
 from workflows.coding_agent import AgentTask, BootInput, SandboxRef
@@ -262,7 +262,7 @@ async def test_boot_attach_destroy_across_handles(repo: Path, tmp_path: Path) ->
 
 
 async def test_git_diff_round_trip_over_e2b(repo: Path, tmp_path: Path) -> None:
-    """`vime.agent.sandbox.git` only uses the `Sandbox` contract, so it works on this backend too."""
+    """`vime.sandbox.git` only uses the `Sandbox` contract, so it works on this backend too."""
     sdk = FakeE2BSdk(tmp_path / "cloud")
     async with E2BSandbox(repo, sdk=sdk) as sb:
         await init_base(sb)
@@ -383,7 +383,7 @@ def test_missing_sdk_is_a_clear_error(monkeypatch) -> None:
     import sys
 
     monkeypatch.setitem(sys.modules, "e2b", None)
-    from vime.agent.sandbox.e2b import _sdk
+    from vime.sandbox.e2b import _sdk
 
     with pytest.raises(SandboxError, match="pip install e2b"):
         _sdk()

@@ -26,15 +26,15 @@ from examples.coding_agent_rl.tasks.prepare import load_tasks
 from tests.test_coding_tasks import edit_diff
 from tests.test_sandbox import LIMITS, _processes_mentioning, _wait_for_process
 from vime.agent.coding.grading import GradeResult, grade_in_sandbox, task_test_files
-from vime.agent.sandbox import (
+from vime.sandbox import (
     BwrapSandbox,
     CommandError,
     SandboxError,
     SandboxGone,
     attach_sandbox,
 )
-from vime.agent.sandbox.bwrap import reap_stale_workdirs
-from vime.agent.sandbox.git import PatchDoesNotApply, capture_diff, init_base, restore_diff
+from vime.sandbox.bwrap import reap_stale_workdirs
+from vime.sandbox.git import PatchDoesNotApply, capture_diff, init_base, restore_diff
 from vime.errors import ConfigError
 from vime.store import SampleStore
 from workflows.coding_agent import AgentTask, BootInput, SandboxRef
@@ -45,7 +45,7 @@ TASKS = {t.task_id: t for t in load_tasks()}
 
 ATTACH_AND_RUN = """
 import asyncio, sys
-from vime.agent.sandbox import attach_sandbox
+from vime.sandbox import attach_sandbox
 
 async def main(sandbox_id, base):
     sbx = await attach_sandbox("bwrap", sandbox_id, base_dir=base)
@@ -57,7 +57,7 @@ asyncio.run(main(*sys.argv[1:]))
 
 BOOT_AND_EXIT = """
 import asyncio, sys
-from vime.agent.sandbox import BwrapSandbox
+from vime.sandbox import BwrapSandbox
 
 async def main(repo, base, boot_key=None):
     print((await BwrapSandbox(repo, base_dir=base, boot_key=boot_key).boot()).sandbox_id)
@@ -67,7 +67,7 @@ asyncio.run(main(*sys.argv[1:]))
 
 BOOT_AND_RUN_LONG = """
 import asyncio, os, sys
-from vime.agent.sandbox import BwrapSandbox, SandboxGone
+from vime.sandbox import BwrapSandbox, SandboxGone
 
 async def main(base, marker=os.environ["MARKER"]):
     sbx = await BwrapSandbox(None, base_dir=base).boot()

@@ -22,7 +22,7 @@ from activities.rollout import RolloutActivities
 from activities.sandbox import SandboxActivities
 from activities.steps import StepActivities
 from vime.agent.coding.config import close_shared_adapters
-from vime.agent.sandbox.bwrap import reap_stale_workdirs
+from vime.sandbox.bwrap import reap_stale_workdirs
 from vime.args import parse_args_or_exit
 from vime.rollout.generate import close_engine_clients
 from vime.rollout.tokenization import get_tokenizer

@@ -25,7 +25,7 @@ from examples.coding_agent_rl.tasks.prepare import CodingTask, load_tasks
 from vime.agent.adapters import AnthropicAdapter
 from vime.agent.coding.agent import AgentConfig, run_coding_agent
 from vime.agent.fanout import trajectory_to_samples
-from vime.agent.sandbox import make_sandbox
+from vime.sandbox import make_sandbox
 from vime.testing.scripted import ScriptedEngine, tool_call_text
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Protocol
 
 from vime.agent.coding.grading import OUTCOMES, TEST_ENV, GradeResult, task_test_files
-from vime.agent.sandbox.git import GIT_ENV
+from vime.sandbox.git import GIT_ENV
 
 __all__ = [  # GIT_ENV, OUTCOMES, TEST_ENV and GradeResult live in vime; re-exported here
     "GIT_ENV", "OUTCOMES", "TEST_ENV", "TIMEOUT_RC", "GradeResult", "Runner", "copy_repo", "grade",

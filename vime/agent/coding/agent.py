@@ -36,7 +36,7 @@ import anthropic
 from vime.agent.adapters.core import Segment
 from vime.agent.coding.tools import (MAIN_TOOLS, SUBAGENT_TOOLS, ToolError, ToolLimits, ToolResult,
                                      check_arguments, execute_sandbox_tool, tool_definitions)
-from vime.agent.sandbox.base import Sandbox
+from vime.sandbox.base import Sandbox
 from vime.errors import ServiceError
 
 DEFAULT_SYSTEM_PROMPT = ("You are a coding agent. The repository is in /workspace. Use the tools to read code, "

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from vime.agent.sandbox.base import WORKDIR, CommandTimeout, Sandbox
+from vime.sandbox.base import WORKDIR, CommandTimeout, Sandbox
 
 ROOT = Path(__file__).resolve().parents[3]
 

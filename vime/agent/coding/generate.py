@@ -23,8 +23,8 @@ from vime.agent.coding.config import agent_config, sampling_defaults, sandbox_op
 from vime.agent.coding.grading import grade_in_sandbox, task_test_files
 from vime.agent.coding.task import coding_task
 from vime.agent.fanout import trajectory_to_samples
-from vime.agent.sandbox import make_sandbox
-from vime.agent.sandbox.git import capture_diff, init_base
+from vime.sandbox import make_sandbox
+from vime.sandbox.git import capture_diff, init_base
 from vime.rollout.generate import fail
 from vime.types import Sample
 

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vime.agent.sandbox.base import CommandTimeout, Sandbox
-from vime.agent.sandbox.git import PatchDoesNotApply, init_base, restore_diff
+from vime.sandbox.base import CommandTimeout, Sandbox
+from vime.sandbox.git import PatchDoesNotApply, init_base, restore_diff
 from vime.errors import ConfigError
 
 TEST_ENV = {"PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0"}

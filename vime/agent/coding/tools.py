@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vime.agent.sandbox.base import CommandTimeout, Sandbox
+from vime.sandbox.base import CommandTimeout, Sandbox
 from vime.errors import ConfigError
 
 

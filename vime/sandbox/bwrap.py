@@ -44,7 +44,7 @@ import time
 import uuid
 from pathlib import Path, PurePosixPath
 
-from vime.agent.sandbox.base import (
+from vime.sandbox.base import (
     WORKDIR,
     CommandFailed,
     CommandTimeout,

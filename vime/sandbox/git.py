@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 
-from vime.agent.sandbox.base import CommandError, CommandFailed, ExecResult, Sandbox, SandboxError
+from vime.sandbox.base import CommandError, CommandFailed, ExecResult, Sandbox, SandboxError
 
 GIT_ENV = {
     "GIT_AUTHOR_NAME": "vime",

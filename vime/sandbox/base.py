@@ -8,7 +8,7 @@ A sandbox can also outlive the code that booted it, because a Temporal workflow 
 agent session over several activities (maybe several worker processes): one `boot()`s it and
 records `sandbox_id`, later ones `attach()` to that id, the last one `destroy()`s it. A sandbox
 that no longer exists is `SandboxGone`, the workflow's cue to boot a fresh one and resume from
-its stored diff (`vime.agent.sandbox.git`).
+its stored diff (`vime.sandbox.git`).
 
 The booting activity can itself be retried after it booted (its worker died before reporting,
 or the report was lost). So a sandbox can be made with a `boot_key`, the same for every attempt

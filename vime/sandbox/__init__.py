@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from vime.agent.sandbox.base import (
+from vime.sandbox.base import (
     WORKDIR,
     CommandError,
     CommandFailed,
@@ -24,8 +24,8 @@ from vime.agent.sandbox.base import (
 from vime.errors import ConfigError
 
 BACKENDS: dict[str, str] = {
-    "bwrap": "vime.agent.sandbox.bwrap:BwrapSandbox",
-    "e2b": "vime.agent.sandbox.e2b:E2BSandbox",
+    "bwrap": "vime.sandbox.bwrap:BwrapSandbox",
+    "e2b": "vime.sandbox.e2b:E2BSandbox",
 }
 """`--sandbox-backend` name -> "module:Class". Imported lazily: the e2b SDK is optional."""
 
@@ -58,7 +58,7 @@ def _backend_class(backend: str) -> type:
 def __getattr__(name: str) -> Any:
     if name in ("BwrapSandbox", "E2BSandbox"):
         module = "bwrap" if name == "BwrapSandbox" else "e2b"
-        return getattr(importlib.import_module(f"vime.agent.sandbox.{module}"), name)
+        return getattr(importlib.import_module(f"vime.sandbox.{module}"), name)
     raise AttributeError(name)
 
 

@@ -25,7 +25,7 @@ import tarfile
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from vime.agent.sandbox.base import (
+from vime.sandbox.base import (
     WORKDIR,
     CommandFailed,
     CommandTimeout,
