@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from examples.coding_agent_rl.gold_edits import gold_edits  # noqa: E402
 from examples.coding_agent_rl.tasks.prepare import load_tasks  # noqa: E402
 from vime.agent.adapters import AnthropicAdapter  # noqa: E402
-from vime.agent.coding.agent import AgentConfig, AgentState, CodingAgent  # noqa: E402
+from vime.envs.coding_agent.agent import AgentConfig, AgentState, CodingAgent  # noqa: E402
 from vime.agent.recorder import TrajectoryRecorder  # noqa: E402
 from vime.sandbox import make_sandbox  # noqa: E402
 from vime.sandbox.git import capture_diff, init_base  # noqa: E402

@@ -1,13 +1,15 @@
 """Record the workflow histories that `tests/test_replay.py` replays against the current code.
 
-    .venv/bin/python -m tests.record_histories [OUT_DIR]     (default: tests/data/histories)
+    .venv/bin/python -m tests.record_histories [OUT_DIR] [RUN ...]   (default: tests/data/histories, all)
 
 Three real runs on the tiny model, one vLLM CPU server shared by them (~5 minutes):
 - `quickstart`: a quickstart-shaped GRPO run with `--max-staleness 1` that continues as new every
   2 steps (prefetched steps handed over), and one of its RolloutWorkflows;
 - `restarted-trainer`: a run whose trainer worker is killed with SIGKILL after its first step;
-- `agent`: a run of CodingAgentRolloutWorkflows (bubblewrap sandboxes, the built-in agent), and
-  one of its agent rollouts.
+- `agent`: a coding-agent run (`--rollout-env coding_agent`: bubblewrap sandboxes, the built-in
+  agent), one of its CodingAgentGroupWorkflows and one of its agent rollouts.
+
+Name runs (`agent`) to record only those.
 
 Record again only when a workflow change is *meant* to break replay (and then version the
 change for runs in flight, see Temporal's patching); a failing replay test otherwise means a
@@ -60,7 +62,7 @@ async def dump(run: TrainRun, out: Path, name: str, extra_types: tuple[str, ...]
     return written
 
 
-def record(out: Path) -> None:
+def record(out: Path, only: set[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     model = tiny_model_dir()
     work = Path(tempfile.mkdtemp(prefix="vime-histories-"))
@@ -68,31 +70,45 @@ def record(out: Path) -> None:
                         log_path=work / "vllm.log")
     with server:
         flags = engine_flags(server)
-        quick = TrainRun(work / "quickstart", model, *flags, "--max-staleness", "1", "--continue-as-new-after-steps",
-                         "2", steps=3, run="quickstart")
-        assert quick.run_to_end() == 0, quick.tail()
-        files = asyncio.run(dump(quick, out, "quickstart", ("RolloutWorkflow",)))
-
-        restarted = TrainRun(work / "restarted", model, *flags, steps=3, run="restarted")
-        restarted.start()
-        restarted.wait_for_step(1)
-        os.kill(restarted.pid("trainer"), signal.SIGKILL)
-        assert restarted.wait() == 0, restarted.tail()
-        assert "re-attaching" in (restarted.run_dir / "worker-rollout.log").read_text()
-        files += asyncio.run(dump(restarted, out, "restarted-trainer", ()))
-
-        tasks = work / "agent"
-        tasks.mkdir(parents=True)
-        prompts = write_prompts(load_tasks()[:1], tasks / "coding-tasks.jsonl")
-        agent = TrainRun(tasks, model, *flags, "--prompt-data", str(prompts), "--rollout-workflow",
-                         "CodingAgentRolloutWorkflow", "--agent-max-turns", "2", "--agent-max-tokens", "32",
-                         "--agent-max-format-errors", "2", "--rm-type", "exact_match", steps=1, groups=1, n=2,
-                         run="agent")
-        assert agent.run_to_end() == 0, agent.tail()
-        files += asyncio.run(dump(agent, out, "agent", ("CodingAgentRolloutWorkflow",)))
+        files = []
+        if not only or "quickstart" in only:
+            files += record_quickstart(work, model, flags, out)
+        if not only or "restarted-trainer" in only:
+            files += record_restarted(work, model, flags, out)
+        if not only or "agent" in only:
+            files += record_agent(work, model, flags, out)
     for path in files:
         print(f"{path} ({path.stat().st_size // 1024} KiB)")
 
 
+def record_quickstart(work: Path, model: Path, flags: list[str], out: Path) -> list[Path]:
+    quick = TrainRun(work / "quickstart", model, *flags, "--max-staleness", "1", "--continue-as-new-after-steps",
+                     "2", steps=3, run="quickstart")
+    assert quick.run_to_end() == 0, quick.tail()
+    return asyncio.run(dump(quick, out, "quickstart", ("RolloutWorkflow",)))
+
+
+def record_restarted(work: Path, model: Path, flags: list[str], out: Path) -> list[Path]:
+    restarted = TrainRun(work / "restarted", model, *flags, steps=3, run="restarted")
+    restarted.start()
+    restarted.wait_for_step(1)
+    os.kill(restarted.pid("trainer"), signal.SIGKILL)
+    assert restarted.wait() == 0, restarted.tail()
+    assert "re-attaching" in (restarted.run_dir / "worker-rollout.log").read_text()
+    return asyncio.run(dump(restarted, out, "restarted-trainer", ()))
+
+
+def record_agent(work: Path, model: Path, flags: list[str], out: Path) -> list[Path]:
+    tasks = work / "agent"
+    tasks.mkdir(parents=True)
+    prompts = write_prompts(load_tasks()[:1], tasks / "coding-tasks.jsonl")
+    agent = TrainRun(tasks, model, *flags, "--prompt-data", str(prompts), "--rollout-env",
+                     "coding_agent", "--agent-max-turns", "2", "--agent-max-tokens", "32",
+                     "--agent-max-format-errors", "2", "--rm-type", "exact_match", steps=1, groups=1, n=2,
+                     run="agent")
+    assert agent.run_to_end() == 0, agent.tail()
+    return asyncio.run(dump(agent, out, "agent", ("CodingAgentGroupWorkflow", "CodingAgentRolloutWorkflow")))
+
+
 if __name__ == "__main__":
-    record(Path(sys.argv[1]) if len(sys.argv) > 1 else OUT)
+    record(Path(sys.argv[1]) if len(sys.argv) > 1 else OUT, set(sys.argv[2:]) or None)

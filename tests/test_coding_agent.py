@@ -19,10 +19,10 @@ import pytest
 
 from vime.agent.adapters import AnthropicAdapter
 from vime.agent.adapters.anthropic import to_chat
-from vime.agent.coding.agent import (COMPACT_PROMPT, DEFAULT_SYSTEM_PROMPT, SUMMARY_PREFIX, AgentConfig,
+from vime.envs.coding_agent.agent import (COMPACT_PROMPT, DEFAULT_SYSTEM_PROMPT, SUMMARY_PREFIX, AgentConfig,
                                      AgentState, CodingAgent, run_coding_agent)
-from vime.agent.coding.claude_code import claude_code_available, claude_code_binds, run_claude_code
-from vime.agent.coding.tools import MAIN_TOOLS, tool_definitions
+from vime.envs.coding_agent.claude_code import claude_code_available, claude_code_binds, run_claude_code
+from vime.envs.coding_agent.tools import MAIN_TOOLS, tool_definitions
 from vime.sandbox import BwrapSandbox
 from vime.testing.engine import RecordingEngineClient, check_segments_against_engine
 from vime.testing.scripted import ScriptedEngine, tool_call_text

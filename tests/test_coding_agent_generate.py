@@ -1,5 +1,5 @@
 """The coding agent as a slime generate hook (`--custom-generate-function-path
-vime.agent.coding.generate.generate`): a prompt group in, fanned-out samples with the graded
+vime.envs.coding_agent.generate.generate`): a prompt group in, fanned-out samples with the graded
 reward out, through the real adapter, vLLM on the tiny model and bubblewrap sandboxes."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.vllm
 def _args(tmp_path: Path, server, model: Path, prompts: Path):
     return parse_args([
         "--hf-checkpoint", str(model), "--prompt-data", str(prompts), "--input-key", "prompt", "--label-key", "label",
-        "--custom-generate-function-path", "vime.agent.coding.generate.generate", "--n-samples-per-prompt", "2",
+        "--custom-generate-function-path", "vime.envs.coding_agent.generate.generate", "--n-samples-per-prompt", "2",
         "--rollout-batch-size", "1", "--agent-max-turns", "3", "--agent-max-format-errors", "3",
         "--agent-max-tokens", "16", "--run-dir", str(tmp_path / "run"), *engine_flags(server)])
 

@@ -32,12 +32,12 @@ from temporalio.client import WorkflowFailureError
 
 from examples.coding_agent_rl.gold_edits import write_prompts
 from examples.coding_agent_rl.tasks.prepare import load_tasks
-from vime.agent.coding.claude_code import claude_code_available
+from vime.envs.coding_agent.claude_code import claude_code_available
 from tests.conftest import engine_flags
 from vime.sandbox.bwrap import reap_stale_workdirs
 from vime.store import SampleStore
 from vime.temporal.search_attributes import ROLLOUT_STATUS
-from workflows.coding_agent import AgentRolloutInput, AgentRolloutOutput, agent_workflow_id
+from vime.envs.coding_agent.workflow import AgentRolloutInput, AgentRolloutOutput, agent_workflow_id
 
 pytestmark = pytest.mark.vllm
 
@@ -57,7 +57,7 @@ class Worker:
         prompts = write_prompts(load_tasks()[:2], tmp_path / "prompts.jsonl")
         self.argv = [
             sys.executable, "-m", "workers.rollout", "--hf-checkpoint", str(model), "--prompt-data", str(prompts),
-            "--input-key", "prompt", "--label-key", "label", "--rollout-workflow", "CodingAgentRolloutWorkflow",
+            "--input-key", "prompt", "--label-key", "label", "--rollout-env", "coding_agent",
             "--agent-max-turns", str(TURNS), "--agent-max-format-errors", str(TURNS), "--agent-max-tokens", "64",
             "--rollout-temperature", "1.0", "--run-dir", str(self.run_dir), "--run-id", self.run_id,
             "--temporal-address", address, "--rollout-task-queue", self.queue,

@@ -12,7 +12,7 @@ import pytest
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer
 
-from workflows.coding_agent import CodingAgentRolloutWorkflow
+from vime.envs.coding_agent.workflow import CodingAgentGroupWorkflow, CodingAgentRolloutWorkflow
 from workflows.rollout import RolloutWorkflow
 from workflows.training import TrainingWorkflow
 
@@ -25,11 +25,13 @@ def test_there_is_a_recorded_history_of_each_kind():
     kinds = {p.stem.rsplit("-", 1)[0] for p in HISTORIES}
     assert any(k.endswith("TrainingWorkflow") for k in kinds) and any(k.endswith("-RolloutWorkflow") for k in kinds)
     assert any(k.endswith("CodingAgentRolloutWorkflow") for k in kinds)
+    assert any(k.endswith("CodingAgentGroupWorkflow") for k in kinds)
 
 
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.stem for p in HISTORIES])
 async def test_a_recorded_history_replays_against_the_current_workflows(path):
     history = WorkflowHistory.from_json(path.stem, path.read_text())
-    replayer = Replayer(workflows=[TrainingWorkflow, RolloutWorkflow, CodingAgentRolloutWorkflow])
+    replayer = Replayer(workflows=[TrainingWorkflow, RolloutWorkflow, CodingAgentGroupWorkflow,
+                                   CodingAgentRolloutWorkflow])
     result = await replayer.replay_workflow(history, raise_on_replay_failure=False)
     assert result.replay_failure is None, f"{path.name}: {result.replay_failure}"

@@ -28,12 +28,12 @@ from vime.sandbox import (
     attach_sandbox,
     make_sandbox,
 )
-from activities.sandbox import SandboxActivities
+from vime.envs.coding_agent.sandbox_activities import SandboxActivities
 from vime.sandbox.e2b import BOOT_KEY_METADATA
 from vime.sandbox.git import capture_diff, init_base, restore_diff
 from vime.errors import ConfigError
 from vime.store import SampleStore
-from workflows.coding_agent import AgentTask, BootInput, SandboxRef
+from vime.envs.coding_agent.workflow import AgentTask, BootInput, SandboxRef
 
 
 class _FakeCommandExitException(Exception):

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from activities.sandbox import SandboxActivities
+from vime.envs.coding_agent.sandbox_activities import SandboxActivities
 from examples.coding_agent_rl.tasks.prepare import load_tasks
 from tests.test_coding_tasks import edit_diff
 from tests.test_sandbox import LIMITS, _processes_mentioning, _wait_for_process
-from vime.agent.coding.grading import GradeResult, grade_in_sandbox, task_test_files
+from vime.envs.coding_agent.grading import GradeResult, grade_in_sandbox, task_test_files
 from vime.sandbox import (
     BwrapSandbox,
     CommandError,
@@ -37,7 +37,7 @@ from vime.sandbox.bwrap import reap_stale_workdirs
 from vime.sandbox.git import PatchDoesNotApply, capture_diff, init_base, restore_diff
 from vime.errors import ConfigError
 from vime.store import SampleStore
-from workflows.coding_agent import AgentTask, BootInput, SandboxRef
+from vime.envs.coding_agent.workflow import AgentTask, BootInput, SandboxRef
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 

@@ -25,6 +25,8 @@ from vime.store import (
 )
 from vime.store.engine import make_engine, resolve_url, write_transaction
 from vime.store.migrate import alembic_config, current_revision, head_revision
+from vime.store.models import SampleRow
+from vime.store.rows import sample_row
 
 
 @pytest.fixture
@@ -161,19 +163,20 @@ def _store_at_revision(location: str, revision: str) -> None:
         with engine.begin() as conn:
             assert current_revision(conn) == revision
             conn.exec_driver_sql("INSERT INTO runs (run_id, created_at) VALUES ('run-0', '2025-01-01 00:00:00')")
+            # the sample as 0001's columns hold it (later revisions added teacher_log_probs)
+            row = {k: v for k, v in sample_row(RUN, "old", 0, random_sample(1)).items() if k != "teacher_log_probs"}
+            conn.execute(SampleRow.__table__.insert().values(**row))
     finally:
         engine.dispose()
-    with SampleStore(make_engine(resolve_url(location))) as old:
-        old.write_rollout(RUN, "old", [random_sample(1)])  # samples / runs tables are the same at 0001
 
 
 def test_a_store_at_the_previous_schema_is_upgraded_on_open_and_keeps_its_data(store_location: str) -> None:
-    assert head_revision() == "0003"
+    assert head_revision() == "0004"
     _store_at_revision(store_location, "0001")
     with SampleStore.open(store_location) as store:
         with store.engine.connect() as conn:
-            assert current_revision(conn) == "0003"
-        assert store.read_rollout(RUN, "old") == [random_sample(1, rollout_id="old")]
+            assert current_revision(conn) == "0004"
+        assert store.read_rollout(RUN, "old") == [random_sample(1, rollout_id="old")]  # teacher_log_probs: None
         assert store.write_step_manifest(RUN, 0, ["old"]).rollout_ids == ["old"]
 
 

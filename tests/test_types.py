@@ -13,7 +13,7 @@ from vime.types import RolloutRef, Sample, SampleError, SampleRef
 
 SLIME_FIELDS = [
     "group_index", "index", "rollout_id", "prompt", "tokens", "response", "response_length", "label",
-    "reward", "loss_mask", "rollout_log_probs", "weight_versions", "status", "metadata", "session_id",
+    "reward", "loss_mask", "rollout_log_probs", "teacher_log_probs", "weight_versions", "status", "metadata", "session_id",
     "remove_sample", "train_metadata",
 ]
 

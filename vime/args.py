@@ -25,6 +25,7 @@ import argparse
 import dataclasses
 import difflib
 import functools
+import importlib
 import json
 import os
 import sys
@@ -35,6 +36,8 @@ from typing import Any, NoReturn
 from vime import args_forward as forward
 from vime.args_resolve import resolve, trains_on_rollouts
 from vime.precision import resolve_precision
+from vime.envs import LEGACY_WORKFLOWS, Environment, load_environment
+from vime.envs import resolve as resolve_env
 from vime.errors import ConfigError
 
 GROUPS = {
@@ -45,7 +48,7 @@ GROUPS = {
     "algorithm": "Advantages, clipping, KL and the loss.",
     "checkpoint": "Where checkpoints are saved and loaded.",
     "orchestration": "Temporal, task queues, the run directory and the sample store.",
-    "agent": "Agent rollouts (--rollout-workflow CodingAgentRolloutWorkflow): sandboxes, harness, limits.",
+    "sandbox": "Sandboxes: where agents run their tools and rollouts are graded.",
     "vLLM": (
         "Rollout servers. Every `vllm serve` flag also works as --vllm-<flag> "
         "(--vllm-max-model-len 4096, --vllm-enforce-eager, ...); only the ones you set are forwarded. "
@@ -69,7 +72,7 @@ def _flag(group: str, default: Any, help: str, **argparse_kwargs: Any) -> Any:
     return field(default=default, metadata=meta)
 
 
-_data, _rollout, _reward, _training, _algorithm, _checkpoint, _orchestration, _agent, _vllm, _router = (
+_data, _rollout, _reward, _training, _algorithm, _checkpoint, _orchestration, _sandbox, _vllm, _router = (
     functools.partial(_flag, group) for group in GROUPS
 )
 
@@ -204,6 +207,15 @@ class VimeArgs:
     disable_grpo_std_normalization: bool = _algorithm(
         False, "Do not divide GRPO/GSPO advantages by the group std (Dr. GRPO): advantage = reward - group mean."
     )
+    use_opd: bool = _algorithm(
+        False, "On-policy distillation: each sampled token's advantage loses --opd-kl-coef x (student - teacher "
+        "logprob), its reverse KL to the teacher; samples carry teacher_log_probs (see examples/on_policy_distillation)."
+    )
+    opd_type: str | None = _algorithm(
+        None, "Where teacher logprobs come from: vllm, a frozen teacher server scoring each rollout "
+        "(--custom-rm-path vime.rollout.on_policy_distillation.reward_func); slime's sglang means the same here "
+        "(default with --use-opd: vllm).", choices=("vllm", "sglang"))
+    opd_kl_coef: float = _algorithm(1.0, "Weight of the reverse KL to the teacher in the advantage (with --use-opd).")
 
     # checkpoint
     save: str | None = _checkpoint(None, "Checkpoint directory.")
@@ -254,20 +266,18 @@ class VimeArgs:
            "(0: when Temporal suggests it)."
     )
 
-    rollout_workflow: str = _orchestration(
-        "RolloutWorkflow", "Workflow per prompt group, or CodingAgentRolloutWorkflow (one per agent rollout).",
-        choices=("RolloutWorkflow", "CodingAgentRolloutWorkflow"),
+    rollout_env: str = _orchestration(
+        "groups", "Rollout environment: a built-in (groups: single-turn prompt groups; coding_agent; multi_agent; "
+                  "tool_use) or a module's dotted path whose ENVIRONMENT declares one (docs/environments.md). "
+                  "Its flags are listed by `vime --rollout-env NAME --help`."
+    )
+    rollout_workflow: str | None = _orchestration(
+        None, "Before --rollout-env: RolloutWorkflow (= --rollout-env groups) or CodingAgentRolloutWorkflow "
+              "(= --rollout-env coding_agent).", choices=("RolloutWorkflow", "CodingAgentRolloutWorkflow"),
     )
 
-    # agent
-    sandbox_backend: str = _agent("bwrap", "Sandbox backend: bwrap (local bubblewrap) or e2b.")
-    agent_harness: str = _agent("builtin", "Agent: the built-in coding agent or the Claude Code CLI.",
-                                choices=("builtin", "claude_code"))
-    agent_max_turns: int = _agent(16, "Model turns per agent session (subagents included).")
-    agent_max_tokens: int = _agent(512, "max_tokens of one agent turn.")
-    agent_compact_at_tokens: int | None = _agent(None, "Compact the conversation when a prompt exceeds this.")
-    agent_command_timeout: float = _agent(60.0, "Seconds a command the agent runs may take.")
-    agent_max_format_errors: int = _agent(0, "Replies without a tool call answered with a reminder, not an end.")
+    # sandbox
+    sandbox_backend: str = _sandbox("bwrap", "Sandbox backend: bwrap (local bubblewrap) or e2b.")
 
     # vLLM: vime's own --vllm-* flags, which take precedence over generated ones
     vllm_config: str | None = _vllm(None, "YAML: server groups, models and per-group overrides.")
@@ -291,6 +301,7 @@ class VimeArgs:
     vllm_model_routers: dict[str, str] = field(default_factory=dict)  # model name -> URL (its router or server)
     tis_because: str = ""  # why --use-tis was turned on by default (vime.precision), for the console
     low_precision_rollouts: bool = False  # the policy servers sample in another precision than the trainer
+    env_args: Any = None  # the environment's own flags (its Environment.flags dataclass), or None
     argv: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -316,8 +327,38 @@ class _Parser(argparse.ArgumentParser):
 # ---------------------------------------------------------------- the parser
 
 
-def build_parser(*, vllm: bool = False, router: bool = False) -> argparse.ArgumentParser:
-    """vime's parser; `vllm=True` / `router=True` add the generated `--vllm-*` / `--router-*` flags.
+def _add_flag(group: argparse._ArgumentGroup, f: dataclasses.Field, hint: Any) -> None:
+    """One dataclass field as a flag: type, bool action and list nargs from its annotation."""
+    meta = dict(f.metadata)
+    meta.pop("group")
+    option = meta.pop("flag", None) or _option(f)
+    kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, **meta}
+    default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+    if default is not None and not isinstance(default, (bool, dict)):
+        kwargs["help"] += f" (default: {default})"
+    base = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) else []
+    if hint is bool:
+        kwargs.setdefault("action", "store_false" if f.default else "store_true")
+    elif "type" not in kwargs:
+        inner = base[0] if base else hint
+        if typing.get_origin(inner) is list:
+            kwargs.update(nargs="+", type=typing.get_args(inner)[0])
+        else:
+            kwargs["type"] = inner
+    if f.name == "router_policy":
+        kwargs["choices"] = forward.router_policies()
+    if "choices" in kwargs and "action" not in kwargs:
+        kwargs["metavar"] = "{" + ",".join(kwargs["choices"]) + "}"
+    group.add_argument(option, **kwargs)
+
+
+def env_flag_fields(env: Environment | None) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(env.flags) if "group" in f.metadata] if env and env.flags else []
+
+
+def build_parser(*, vllm: bool = False, router: bool = False, env: Environment | None = None) -> argparse.ArgumentParser:
+    """vime's parser; `vllm=True` / `router=True` add the generated `--vllm-*` / `--router-*` flags,
+    `env` the rollout environment's own flags (a group of their own).
 
     Raises ConfigError when the generated flags are asked for but vLLM / vllm-router is missing.
     """
@@ -330,28 +371,15 @@ def build_parser(*, vllm: bool = False, router: bool = False) -> argparse.Argume
     groups = {name: parser.add_argument_group(name, desc) for name, desc in GROUPS.items()}
     hints = typing.get_type_hints(VimeArgs)
     for f in flag_fields():
-        meta = dict(f.metadata)
-        group = groups[meta.pop("group")]
-        option = meta.pop("flag", None) or _option(f)
-        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, **meta}
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        if default is not None and not isinstance(default, (bool, dict)):
-            kwargs["help"] += f" (default: {default})"
-        hint = hints[f.name]
-        base = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) else []
-        if hint is bool:
-            kwargs.setdefault("action", "store_false" if f.default else "store_true")
-        elif "type" not in kwargs:
-            inner = base[0] if base else hint
-            if typing.get_origin(inner) is list:
-                kwargs.update(nargs="+", type=typing.get_args(inner)[0])
-            else:
-                kwargs["type"] = inner
-        if f.name == "router_policy":
-            kwargs["choices"] = forward.router_policies()
-        if "choices" in kwargs and "action" not in kwargs:
-            kwargs["metavar"] = "{" + ",".join(kwargs["choices"]) + "}"
-        group.add_argument(option, **kwargs)
+        _add_flag(groups[f.metadata["group"]], f, hints[f.name])
+    if env_flag_fields(env):
+        group = parser.add_argument_group(f"environment {env.name}", env.description or None)
+        env_hints = typing.get_type_hints(env.flags)
+        for f in env_flag_fields(env):
+            if _option(f) in parser._option_string_actions:
+                raise ConfigError(f"--rollout-env {env.name}: its flag {_option(f)} is already one of vime's; "
+                                  "rename it in the environment's flags")
+            _add_flag(group, f, env_hints[f.name])
 
     taken = set(parser._option_string_actions)
     if vllm:
@@ -396,6 +424,60 @@ def _unknown_flag_error(extras: list[str], parser: argparse.ArgumentParser) -> C
     return ConfigError(f"unknown flag {name}{where}{hint}; see `vime --help`")
 
 
+def _flag_value(argv: list[str], option: str) -> str | None:
+    """The last value given to `option` (`--x v` or `--x=v`), before parsing: the environment
+    decides which flags the parser has."""
+    value = None
+    for i, token in enumerate(argv):
+        if token == option and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif token.startswith(option + "="):
+            value = token.split("=", 1)[1]
+    return value
+
+
+def flags_environment(argv: list[str]) -> Environment | None:
+    """The environment whose flags this command line may use: the one `--rollout-env` (or the
+    older `--rollout-workflow`) names, else the one whose package holds the generate hook
+    (`--custom-generate-function-path vime.envs.coding_agent.generate.generate` takes the coding
+    agent's `--agent-*` flags while the groups stay single-turn)."""
+    spec = _flag_value(argv, "--rollout-env")
+    if spec is None:
+        spec = LEGACY_WORKFLOWS.get(_flag_value(argv, "--rollout-workflow") or "")
+    if spec is not None:
+        return load_environment(spec)
+    hook = _flag_value(argv, "--custom-generate-function-path")
+    if not hook:
+        return None
+    module = hook.partition(":")[0] if ":" in hook else hook.rpartition(".")[0]
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        try:
+            owner = importlib.import_module(".".join(parts[:end]))
+        except Exception:  # noqa: BLE001 - a broken hook is reported by the hook's own check, later
+            continue
+        if isinstance(getattr(owner, "ENVIRONMENT", None), Environment):
+            return owner.ENVIRONMENT
+    return None
+
+
+def _take_environment(args: VimeArgs, env: Environment | None, values: dict[str, Any]) -> None:
+    """`--rollout-env` settled (the older `--rollout-workflow` agreeing with it), and the
+    environment's own flags into `args.env_args`, checked by the environment."""
+    if args.rollout_workflow is not None:
+        legacy = LEGACY_WORKFLOWS[args.rollout_workflow]
+        if "rollout_env" in values and load_environment(args.rollout_env).name != legacy:
+            raise ConfigError(f"--rollout-workflow {args.rollout_workflow} and --rollout-env {args.rollout_env} "
+                              f"disagree; keep --rollout-env only")
+        args.rollout_env = legacy
+    if env is None:
+        return
+    if env.flags is not None:
+        args.env_args = env.flags(**{f.name: values[f.name] for f in env_flag_fields(env) if f.name in values})
+    if env.check is not None:
+        resolve_env(env.check, "check", env)(args)
+
+
 def parse_args(argv: list[str] | None = None) -> VimeArgs:
     """Parse `argv` (default: sys.argv[1:]) into `VimeArgs`; every problem raises `ConfigError`.
 
@@ -408,14 +490,17 @@ def parse_args(argv: list[str] | None = None) -> VimeArgs:
     tokens, checked = argv, []
     if os.environ.get(forward.CHECKED_ENV) == "1" and not wants_help:
         tokens, checked = forward.take_checked_vllm_flags(argv, own)
+    env = flags_environment(argv)
+    own |= {_option(f) for f in env_flag_fields(env)}
     parser = build_parser(vllm=wants_help or _uses_prefix(tokens, "--vllm-", own),
-                          router=wants_help or _uses_prefix(tokens, "--router-", own))
+                          router=wants_help or _uses_prefix(tokens, "--router-", own), env=env)
     tokens, dotted = forward.pull_dotted_vllm(tokens, parser)
     namespace, extras = parser.parse_known_args(tokens)
     if extras:
         raise _unknown_flag_error(extras, parser)
     values = vars(namespace)
     args = VimeArgs(**{f.name: values[f.name] for f in flag_fields() if f.name in values})
+    _take_environment(args, env, values)
     args.vllm_server_args = values.get("vllm_server_args", []) + dotted + checked
     args.router_args = values.get("router_args", [])
     if "router_policy" in values:

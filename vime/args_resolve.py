@@ -91,8 +91,6 @@ def resolve(args: Any) -> None:
         raise ConfigError("--eval-interval needs --eval-prompt-data (name path pairs)")
     if args.use_dynamic_batch_size and args.max_tokens_per_gpu is None:
         raise ConfigError("--use-dynamic-batch-size needs --max-tokens-per-gpu")
-    if args.agent_max_turns <= 0 or args.agent_max_tokens <= 0 or args.agent_max_format_errors < 0:
-        raise ConfigError("--agent-max-turns and --agent-max-tokens must be positive, --agent-max-format-errors >= 0")
     if args.sandbox_backend not in ("bwrap", "e2b"):
         raise ConfigError(f"--sandbox-backend {args.sandbox_backend!r}: choose bwrap or e2b")
     if args.rm_type == "remote_rm" and not args.rm_url:

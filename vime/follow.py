@@ -38,6 +38,7 @@ def format_progress(m: dict, total: int) -> str:
     kl = m.get("kl_loss", m.get("ref_kl"))
     return (f"[{bar:<20}] step {done}/{total} | reward {m.get('reward_mean', float('nan')):.3f}"
             + (f" | kl {kl:.4f}" if kl is not None else "")
+            + (f" | teacher kl {m['opd_reverse_kl']:.3f}" if "opd_reverse_kl" in m else "")
             + f" | len {m.get('response_length_mean', 0):.1f} | {m.get('train_tokens_per_second', 0):.0f} tok/s"
             + (f" | stale {m['staleness_mean']:.1f}/{m['staleness_max']}" if "staleness_mean" in m else "")
             + (f" dropped {m['dropped_groups']}" if m.get("dropped_groups") else "")

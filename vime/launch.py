@@ -40,6 +40,7 @@ from vime.args_resolve import DEFAULT_ROLLOUT_FUNCTION
 from vime.engine import live_weights
 from vime.engine.model_fleets import ModelFleets, model_fleets
 from vime.engine.topology import topology_of
+from vime.envs import load_environment
 from vime.errors import VimeError
 from vime.follow import Follower
 from vime.log import get_logger
@@ -116,7 +117,8 @@ def training_config(args) -> TrainingConfig:
         save=str(Path(args.save).resolve()) if args.save else None, save_interval=args.save_interval,
         trainer_heartbeat_seconds=args.heartbeat_timeout, rollout_heartbeat_seconds=args.heartbeat_timeout,
         custom_rollout_function=args.rollout_function_path != DEFAULT_ROLLOUT_FUNCTION,
-        rollout_task_queue=args.rollout_task_queue, rollout_workflow=args.rollout_workflow,
+        rollout_task_queue=args.rollout_task_queue,
+        rollout_workflow=load_environment(args.rollout_env).group_workflow,
         n_samples_per_prompt=args.n_samples_per_prompt, sandbox_task_queue=args.sandbox_task_queue,
         continue_as_new_after_steps=args.continue_as_new_after_steps,
         fully_async=args.fully_async, max_concurrent_rollouts=args.max_concurrent_rollouts or 0,

@@ -27,7 +27,9 @@ class Sample:
     - `tokens` is prompt tokens followed by `response_length` response tokens;
     - `loss_mask`, when set, has exactly `response_length` entries: 1 on model-sampled tokens,
       0 on tool / environment / template tokens spliced into the response;
-    - `rollout_log_probs`, when set, has exactly `response_length` entries (0.0 where masked).
+    - `rollout_log_probs`, when set, has exactly `response_length` entries (0.0 where masked);
+    - `teacher_log_probs` (on-policy distillation, slime's field), when set, has exactly
+      `response_length` entries: the teacher's log-probs of the response tokens the policy sampled.
 
     Siblings of a fan-out (one rollout split into several segments) share `rollout_id`.
     `weight_versions` holds the weight-version spans vLLM reported for the response,
@@ -52,6 +54,7 @@ class Sample:
     reward: float | dict[str, Any] | None = None
     loss_mask: list[int] | None = None
     rollout_log_probs: list[float] | None = None
+    teacher_log_probs: list[float] | None = None
     weight_versions: list[Any] = field(default_factory=list)
     status: Status = Status.PENDING
     metadata: dict[str, Any] = field(default_factory=dict)
@@ -118,7 +121,7 @@ class Sample:
             raise SampleError(
                 f"Sample.response_length={self.response_length} but tokens has {len(self.tokens)} entries"
             )
-        for name in ("loss_mask", "rollout_log_probs"):
+        for name in ("loss_mask", "rollout_log_probs", "teacher_log_probs"):
             values = getattr(self, name)
             if values is not None and len(values) != self.response_length:
                 raise SampleError(

@@ -53,6 +53,9 @@ class RolloutInput:
     evaluation: bool = False
     heartbeat_seconds: float = 60.0
     local_activity: bool = False  # generate in the workflow's own worker (see RolloutWorkflow)
+    # For environments whose group workflow fans out (vime.envs): the run's settings it needs.
+    n_samples_per_prompt: int = 1
+    sandbox_task_queue: str = "vime-sandbox"
 
 
 @dataclass

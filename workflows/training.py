@@ -43,13 +43,10 @@ from temporalio.exceptions import (ActivityError, ApplicationError, ChildWorkflo
 
 with workflow.unsafe.imports_passed_through():
     from vime.temporal.search_attributes import POLICY_VERSION, ROLLOUT_STATUS, RUN_ID
-    from vime.types import RolloutRef, SampleRef  # noqa: F401 - the types of an agent rollout's result
     from workflows.async_pool import NothingToTrain, PoolConfig, PooledGroup, RolloutPool
-    from workflows.coding_agent import (AgentRolloutInput, CodingAgentRolloutWorkflow,
-                                        agent_workflow_id)
     from workflows.rollout import (CONFIG_ERROR, ROLLOUT_STEP, RolloutInput, RolloutOutput,
-                                   RolloutStepInput, RolloutStepOutput, RolloutWorkflow,
-                                   rollout_retry_policy, rollout_workflow_id, starting_search_attributes)
+                                   RolloutStepInput, RolloutStepOutput, rollout_retry_policy,
+                                   rollout_workflow_id, starting_search_attributes)
     from workflows.steps import (RECORD_METRICS, RECORD_STEP, RECORDED_STEPS, REGISTER_RUN, RecordedStep,
                                  RecordedStepsInput, RunRegistration, StepMetrics, StepRecord)
     from workflows.trainer_calls import (WORKER_LOST, AttachInput, PickInput, SaveInput, SyncInput, TrainerInfo,
@@ -70,7 +67,7 @@ class TrainingConfig:
     max_filter_rounds: int = 16
     custom_rollout_function: bool = False  # --rollout-function-path replaces per-group workflows
     rollout_task_queue: str = "vime-rollout"
-    rollout_workflow: str = "RolloutWorkflow"  # or "CodingAgentRolloutWorkflow": one workflow per rollout
+    rollout_workflow: str = "RolloutWorkflow"  # the environment's group workflow, by registered name (vime.envs)
     n_samples_per_prompt: int = 1
     sandbox_task_queue: str = "vime-sandbox"
     continue_as_new_after_steps: int = 0  # 0: when Temporal suggests it
@@ -410,15 +407,17 @@ class TrainingWorkflow:
         return [g for g in out.groups if g.keep]
 
     async def _rollout(self, step: int, position: int, weight_version: int) -> RolloutOutput:
+        """One prompt group from the run's environment: its group workflow, started by the name the
+        environment registered (`--rollout-env`), returns the group's rollout ids and summary."""
         cfg = self.cfg
-        if cfg.rollout_workflow == "CodingAgentRolloutWorkflow":
-            return await self._agent_group(step, position, weight_version)
         self.children_running += 1
         try:
             inp = RolloutInput(cfg.run_id, step, position, weight_version,
-                               heartbeat_seconds=cfg.rollout_heartbeat_seconds, local_activity=cfg.local_activities)
+                               heartbeat_seconds=cfg.rollout_heartbeat_seconds, local_activity=cfg.local_activities,
+                               n_samples_per_prompt=cfg.n_samples_per_prompt,
+                               sandbox_task_queue=cfg.sandbox_task_queue)
             return await workflow.execute_child_workflow(
-                RolloutWorkflow.run, inp, id=rollout_workflow_id(cfg.run_id, position),
+                cfg.rollout_workflow, inp, id=rollout_workflow_id(cfg.run_id, position), result_type=RolloutOutput,
                 search_attributes=starting_search_attributes(inp))
         except ChildWorkflowError as e:  # infra failures retry inside; what reaches here is final
             if is_cancelled_exception(e):  # the run is being cancelled: it ends cancelled, not failed
@@ -426,36 +425,6 @@ class TrainingWorkflow:
             raise _final(f"rollout group {position} failed: {root_message(e)}") from e
         finally:
             self.children_running -= 1
-
-    async def _agent_group(self, step: int, position: int, weight_version: int) -> RolloutOutput:
-        """A prompt group of agent rollouts: one CodingAgentRolloutWorkflow per sample. Infra
-        failures stay in the group (kept out of advantage statistics, never trained)."""
-        cfg = self.cfg
-
-        async def one(i: int):
-            self.children_running += 1
-            try:
-                return await workflow.execute_child_workflow(
-                    CodingAgentRolloutWorkflow.run,
-                    AgentRolloutInput(cfg.run_id, step, position, i, weight_version,
-                                      heartbeat_seconds=cfg.rollout_heartbeat_seconds,
-                                      sandbox_task_queue=cfg.sandbox_task_queue),
-                    id=agent_workflow_id(cfg.run_id, position, i))
-            except ChildWorkflowError as e:  # infra failures are stored inside; what reaches here is final
-                if is_cancelled_exception(e):  # the run is being cancelled: its sandbox was torn down
-                    raise
-                raise _final(f"agent rollout {position}-{i} failed: {root_message(e)}") from e
-            finally:
-                self.children_running -= 1
-
-        outs = await asyncio.gather(*(one(i) for i in range(cfg.n_samples_per_prompt)))
-        stored = [o for o in outs if o.rollout.samples]
-        rewards = [o.reward for o in stored if o.reward is not None and not o.rollout.infra_failure]
-        infra = sum(len(o.rollout.samples) for o in stored if o.rollout.infra_failure)
-        return RolloutOutput(position, [o.rollout.rollout_id for o in stored], keep=bool(rewards),
-                             reward_mean=sum(rewards) / len(rewards) if rewards else None,
-                             status="completed" if rewards else "failed",
-                             samples=sum(len(o.rollout.samples) for o in stored), infra=infra)
 
     # ---- trainer -----------------------------------------------------------------------------
 

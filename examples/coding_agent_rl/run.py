@@ -33,7 +33,7 @@ def rl_flags(run_dir: Path, model: Path, tasks: int) -> list[str]:
     return [
         "--hf-checkpoint", str(model), "--prompt-data", str(run_dir / "prompts.jsonl"), "--input-key", "prompt",
         "--label-key", "label", "--rollout-shuffle",
-        "--rollout-workflow", "CodingAgentRolloutWorkflow", "--sandbox-backend", "bwrap",
+        "--rollout-env", "coding_agent", "--sandbox-backend", "bwrap",
         "--agent-max-turns", "4", "--agent-max-tokens", "160", "--agent-command-timeout", "30",
         "--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--num-rollout", "3",
         "--rollout-temperature", "1.0", "--advantage-estimator", "grpo", "--lr", "1e-4",

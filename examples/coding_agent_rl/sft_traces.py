@@ -23,7 +23,7 @@ from typing import Any
 from examples.coding_agent_rl.gold_edits import gold_edits
 from examples.coding_agent_rl.tasks.prepare import CodingTask, load_tasks
 from vime.agent.adapters import AnthropicAdapter
-from vime.agent.coding.agent import AgentConfig, run_coding_agent
+from vime.envs.coding_agent.agent import AgentConfig, run_coding_agent
 from vime.agent.fanout import trajectory_to_samples
 from vime.sandbox import make_sandbox
 from vime.testing.scripted import ScriptedEngine, tool_call_text

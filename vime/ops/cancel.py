@@ -1,7 +1,7 @@
 """`vime cancel RUN`: stop a run for good: its training workflow and the rollouts it has in flight.
 
 The training workflow cancels its rollout workflows and waits for their cleanup (an agent rollout
-tears its sandbox down, `workflows/coding_agent.py`), frees its trainer, then ends as cancelled;
+tears its sandbox down, `vime/envs/coding_agent/workflow.py`), frees its trainer, then ends as cancelled;
 a `vime train` following it sees that and exits. Nothing stored is removed: the samples and
 checkpoints stay for `vime samples`, `vime report` and `vime rescore`.
 """

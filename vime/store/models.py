@@ -102,6 +102,7 @@ class SampleRow(Base):
     tokens: Mapped[bytes] = mapped_column(LargeBinary)
     loss_mask: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     rollout_log_probs: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    teacher_log_probs: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
 
     __table_args__ = (
         UniqueConstraint("run_id", "key"),

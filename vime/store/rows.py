@@ -5,7 +5,8 @@ later (lengths, int32 range, JSON-serializable fields, a NaN reward), so a bad s
 here, before any transaction starts, and nothing of its rollout is written.
 
 Round-trip invariant: `row_to_sample(sample_row(...))` equals the input sample, except that
-`rollout_id` comes back as the stored string, `rollout_log_probs` come back rounded to float32,
+`rollout_id` comes back as the stored string, `rollout_log_probs` and `teacher_log_probs` come back
+rounded to float32,
 and JSON fields come back as JSON gives them (tuples as lists, dict keys as strings).
 """
 
@@ -29,6 +30,7 @@ SAMPLE_COLUMNS: dict[str, Column] = {
         "key", "rollout_id", "sibling", "group_index", "index", "status", "reward", "reward_json",
         "response_length", "prompt", "response", "label", "metadata", "train_metadata", "weight_versions",
         "session_id", "remove_sample", "tokens", "loss_mask", "rollout_log_probs",
+        "teacher_log_probs",
     )
 }  # fmt: skip
 # Columns a ref needs: no token data.
@@ -89,6 +91,9 @@ def sample_row(run_id: str, rollout_id: str, sibling: int, sample: Sample) -> di
             "rollout_log_probs": codec.encode_optional(
                 codec.encode_float32, sample.rollout_log_probs, name="Sample.rollout_log_probs"
             ),
+            "teacher_log_probs": codec.encode_optional(
+                codec.encode_float32, sample.teacher_log_probs, name="Sample.teacher_log_probs"
+            ),
         }
     except SampleError as exc:
         raise SampleError(f"{where}: {exc}") from None
@@ -111,6 +116,7 @@ def row_to_sample(row: Mapping[str, Any]) -> Sample:
         reward=reward,
         loss_mask=codec.decode_optional(codec.decode_uint8, row["loss_mask"]),
         rollout_log_probs=codec.decode_optional(codec.decode_float32, row["rollout_log_probs"]),
+        teacher_log_probs=codec.decode_optional(codec.decode_float32, row["teacher_log_probs"]),
         weight_versions=list(row["weight_versions"] or []),
         status=Sample.Status(row["status"]),
         metadata=row["metadata"] if row["metadata"] is not None else {},

@@ -24,6 +24,7 @@ from vime.train import distributed as dist_utils
 from vime.train.advantages import AdvantageConfig, Advantages, advantages_from_config
 from vime.train.batching import TrainSample, group_rollouts, pack, plan_micro_batches, prepare_step, split_into_steps
 from vime.train.losses import LossConfig, compute_loss, entropy_from_logits, kl_divergence, token_logprobs
+from vime.train.opd import OpdConfig, apply_opd, teacher_log_probs
 from vime.types import Sample
 
 DEFAULT_TOKEN_BUDGET = {"cuda": 8192, "cpu": 1024}
@@ -101,6 +102,7 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(args, total))
         self.loss_config = LossConfig.from_args(args)
         self.advantage_config = AdvantageConfig.from_args(args)
+        self.opd_config = OpdConfig.from_args(args)
         self.temperature = args.rollout_temperature
         self.budget = args.max_tokens_per_gpu or default_token_budget(self.device)
         self.step = 0  # rollout steps applied to these weights
@@ -170,6 +172,9 @@ class Trainer:
             adv = Advantages([torch.zeros(s.response_length) for s in flat])
         else:
             adv = advantages_from_config(flat, self.advantage_config, kl=kl)
+        opd_metrics = {}
+        if self.opd_config.use_opd and self.loss_config.loss_type != "sft_loss":
+            adv, opd_metrics = self._apply_opd(flat, adv, old_lp or self._logprobs_of(self.model, plan))
         by_id = {id(s): a for s, a in zip(flat, adv.per_token)}
         for items in shells:
             for item in items:
@@ -210,6 +215,7 @@ class Trainer:
 
         metrics = dist_utils.all_reduce_sum(dict(sorted(sums.items())))
         metrics.update({f"adv_{k}": float(v) for k, v in adv.stats.items()})
+        metrics.update(opd_metrics)
         rewards = [r for r in (getattr(s, "reward", None) for s in flat) if isinstance(r, (int, float))]
         metrics["reward_mean"] = sum(rewards) / len(rewards) if rewards else float("nan")
         metrics["response_length_mean"] = sum(s.response_length for s in flat) / max(1, len(flat))
@@ -223,6 +229,27 @@ class Trainer:
         metrics["train_tokens_per_second"] = sum(len(s.tokens) for s in flat) / max(elapsed, 1e-9)
         self.step += 1
         return StepResult(self.step, metrics)
+
+    def _apply_opd(self, flat: list[Sample], adv: Advantages,
+                   student_lp: dict[int, torch.Tensor]) -> tuple[Advantages, dict[str, float]]:
+        """On-policy distillation (`vime.train.opd`): the reverse-KL penalty on the advantages of this
+        rank's samples (`student_lp` holds the trainer's log-probs of those before the update; the
+        other samples train on other ranks), with the step's KL summed over every rank."""
+        teacher = teacher_log_probs(flat)  # every sample has them, or the step stops naming the first
+        mine = [i for i, s in enumerate(flat) if id(s) in student_lp]
+        masks = [torch.ones(flat[i].response_length) if flat[i].loss_mask is None
+                 else torch.tensor(flat[i].loss_mask, dtype=torch.float32) for i in mine]
+        result = apply_opd([adv.per_token[i] for i in mine], [student_lp[id(flat[i])] for i in mine],
+                           [teacher[i] for i in mine], masks, self.opd_config.opd_kl_coef)
+        per_token = list(adv.per_token)
+        for i, shaped in zip(mine, result.advantages):
+            per_token[i] = shaped
+        m = result.metrics
+        total = dist_utils.all_reduce_sum({"kl": m["opd_reverse_kl"] * m["opd_tokens"], "tokens": m["opd_tokens"],
+                                           "teacher": m["opd_teacher_logprob"] * m["opd_tokens"]})
+        n = max(total["tokens"], 1.0)
+        return Advantages(per_token, adv.stats), {"opd_reverse_kl": total["kl"] / n,
+                                                  "opd_teacher_logprob": total["teacher"] / n}
 
     # ---- weights out -------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ grading logic; the repository copy and the patch file live in a temporary direct
 always removed. The task's test files are restored after the diff is applied (`restore_tests`),
 so only source changes can earn the reward.
 
-This is the host-side grader (no sandbox); `vime.agent.coding.grading.grade_in_sandbox` grades
+This is the host-side grader (no sandbox); `vime.envs.coding_agent.grading.grade_in_sandbox` grades
 the same way inside a sandbox, and owns `GradeResult`, `OUTCOMES` and `TEST_ENV`.
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
-from vime.agent.coding.grading import OUTCOMES, TEST_ENV, GradeResult, task_test_files
+from vime.envs.coding_agent.grading import OUTCOMES, TEST_ENV, GradeResult, task_test_files
 from vime.sandbox.git import GIT_ENV
 
 __all__ = [  # GIT_ENV, OUTCOMES, TEST_ENV and GradeResult live in vime; re-exported here

@@ -1,7 +1,7 @@
 """Activities of CodingAgentRolloutWorkflow besides the sandbox's: resolve the task and store
 the rollout's samples (rollout queue), run the agent session (the sandbox host's queue: the
 session runs its tools in the sandbox, which for a local backend exists on the booting host
-only; see activities/sandbox.py).
+only; see vime/envs/coding_agent/sandbox_activities.py).
 
 The session is the long one. It heartbeats (in the background and after every step), and after
 every agent step it stores a checkpoint (`TrajectoryRecorder`: the step's tokens, the agent's
@@ -24,10 +24,11 @@ from typing import Any
 from temporalio import activity
 
 from activities.heartbeat import heartbeating
-from activities.sandbox import attach
+from vime.envs.coding_agent.sandbox_activities import attach
 from activities.store_calls import store_call
-from vime.agent.coding.config import shared_adapter
-from vime.agent.coding.task import coding_task
+from vime.envs.base import EnvContext, EnvWorkers
+from vime.envs.coding_agent.config import shared_adapter
+from vime.envs.coding_agent.task import coding_task
 from vime.agent.fanout import trajectory_to_samples
 from vime.agent.recorder import TrajectoryRecorder
 from vime.sandbox.git import capture_diff, restore_diff
@@ -37,7 +38,7 @@ from vime.rollout.data_source import make_data_source
 from vime.rollout.tokenization import get_tokenizer
 from vime.store import SampleStore
 from vime.types import RolloutRef, Sample
-from workflows.coding_agent import (AgentRolloutInput, AgentRolloutOutput, AgentTask, SessionInput,
+from vime.envs.coding_agent.workflow import (AgentRolloutInput, AgentRolloutOutput, AgentTask, SessionInput,
                                     SessionOutput, StoreInput)
 
 log = get_logger(__name__)
@@ -74,7 +75,7 @@ class CodingAgentActivities:
 
     @activity.defn(name="agent_session")
     async def agent_session(self, inp: SessionInput) -> SessionOutput:
-        from activities.agent_session import run_session  # the harnesses import the anthropic SDK
+        from vime.envs.coding_agent.session import run_session  # the harnesses import the anthropic SDK
 
         sbx = await attach(self.args, inp.sandbox_id)
         recorder = TrajectoryRecorder(self.store, inp.run_id, inp.task.rollout_id)
@@ -128,3 +129,29 @@ class CodingAgentActivities:
     def on_host_queue(self) -> list:
         """The session runs where its sandbox was booted (with `SandboxActivities.on_host_queue`)."""
         return [self.agent_session]
+
+
+def start(ctx: EnvContext) -> EnvWorkers:
+    """The coding agent in a rollout worker: task resolution and storing on the rollout queue;
+    boots and grading on the shared sandbox queue; what uses a booted sandbox (the session, its
+    diff, its teardown) on this process's own queue, where a local sandbox lives."""
+    from temporalio.worker import Worker
+
+    from vime.envs.coding_agent.sandbox_activities import SandboxActivities
+    from vime.sandbox.bwrap import reap_stale_workdirs
+
+    sandboxes = SandboxActivities(ctx.args, ctx.store)
+    agents = CodingAgentActivities(ctx.args, ctx.store)
+    if ctx.args.sandbox_backend == "bwrap":  # workdirs of workers killed with SIGKILL
+        reap_stale_workdirs()
+    workers = [
+        Worker(ctx.client, task_queue=ctx.args.sandbox_task_queue, activities=sandboxes.on_sandbox_queue(),
+               max_concurrent_activities=64),
+        Worker(ctx.client, task_queue=sandboxes.host_queue,
+               activities=sandboxes.on_host_queue() + agents.on_host_queue(), max_concurrent_activities=256),
+    ]
+
+    async def close() -> None:  # a stopping worker must not leave its sandboxes behind
+        await sandboxes.destroy_booted()
+
+    return EnvWorkers(activities=agents.on_rollout_queue(), workers=workers, close=close)

@@ -18,11 +18,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from vime.agent.adapters.core import Segment
-from vime.agent.coding.agent import AgentState, CodingAgent
-from vime.agent.coding.config import agent_config, sampling_defaults
+from vime.envs.coding_agent.agent import AgentState, CodingAgent
+from vime.envs.coding_agent.config import agent_config, sampling_defaults
+from vime.envs.coding_agent.flags import coding_flags
 from vime.agent.recorder import Restored
 from vime.sandbox.base import Sandbox
-from workflows.coding_agent import AgentTask, SessionOutput
+from vime.envs.coding_agent.workflow import AgentTask, SessionOutput
 
 Checkpoint = Callable[[dict[str, list[Segment]], dict], Awaitable[None]]
 
@@ -30,7 +31,7 @@ Checkpoint = Callable[[dict[str, list[Segment]], dict], Awaitable[None]]
 async def run_session(args: Any, adapter: Any, sandbox: Sandbox, run_id: str, task: AgentTask, restored: Restored,
                       checkpoint: Checkpoint, *, attempt: str) -> SessionOutput:
     prefix = f"{run_id}/{task.rollout_id}@{attempt}"
-    if args.agent_harness == "claude_code":
+    if coding_flags(args).agent_harness == "claude_code":
         return await _claude_code(args, adapter, sandbox, prefix, task, restored, checkpoint)
     defaults = sampling_defaults(args)
     state = AgentState.from_dict(restored.agent_state) if restored.agent_state else AgentState.new(task.prompt)
@@ -61,7 +62,7 @@ async def run_session(args: Any, adapter: Any, sandbox: Sandbox, run_id: str, ta
 
 async def _claude_code(args: Any, adapter: Any, sandbox: Sandbox, prefix: str, task: AgentTask, restored: Restored,
                        checkpoint: Checkpoint) -> SessionOutput:
-    from vime.agent.coding.claude_code import run_claude_code
+    from vime.envs.coding_agent.claude_code import run_claude_code
 
     if restored.agent_state is not None:  # stored when the CLI exited: the session is done
         stored = restored.agent_state
@@ -70,7 +71,7 @@ async def _claude_code(args: Any, adapter: Any, sandbox: Sandbox, prefix: str, t
     adapter.open_session(session_id, sampling_defaults(args))
     try:
         result = await run_claude_code(sandbox, await adapter.start(), session_id, task.prompt,
-                                       max_turns=args.agent_max_turns)
+                                       max_turns=coding_flags(args).agent_max_turns)
     finally:
         segments = await adapter.finish_session(session_id)
     turns = sum(len(s.turns) for s in segments)

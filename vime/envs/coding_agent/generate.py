@@ -1,13 +1,13 @@
 """The coding agent as a slime generate hook: one sample in, the fanned-out `list[Sample]` out.
 
-    vime train --custom-generate-function-path vime.agent.coding.generate.generate \\
+    vime train --custom-generate-function-path vime.envs.coding_agent.generate.generate \\
         --prompt-data tasks.jsonl ...   # records with metadata.repo and metadata.test_command
 
 For users who keep the per-group `RolloutWorkflow` (or call it from their own rollout
 function): boot a sandbox, run the built-in agent through the process's adapter, capture the
 diff, grade it in a clean sandbox, and return one `Sample` per segment (subagents, wipes, the
 final chain) sharing the sample's `rollout_id` and the reward. It is the same agent, sampling
-and sandbox as `CodingAgentRolloutWorkflow` (vime.agent.coding.config), without that
+and sandbox as `CodingAgentRolloutWorkflow` (vime.envs.coding_agent.config), without that
 workflow's durability: a crashed group is generated again from the start. A sandbox that
 breaks is raised as `SandboxError`, which the rollout group records as an infra failure.
 """
@@ -18,10 +18,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from vime.agent.coding.agent import run_coding_agent
-from vime.agent.coding.config import agent_config, sampling_defaults, sandbox_options, shared_adapter
-from vime.agent.coding.grading import grade_in_sandbox, task_test_files
-from vime.agent.coding.task import coding_task
+from vime.envs.coding_agent.agent import run_coding_agent
+from vime.envs.coding_agent.config import agent_config, sampling_defaults, sandbox_options, shared_adapter
+from vime.envs.coding_agent.flags import coding_flags
+from vime.envs.coding_agent.grading import grade_in_sandbox, task_test_files
+from vime.envs.coding_agent.task import coding_task
 from vime.agent.fanout import trajectory_to_samples
 from vime.sandbox import make_sandbox
 from vime.sandbox.git import capture_diff, init_base
@@ -40,7 +41,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any],
         diff = await capture_diff(sbx)
     grade = await grade_in_sandbox(lambda: make_sandbox(args.sandbox_backend, **sandbox_options(args, task.repo_dir)),
                                    diff, task.test_command, test_files=task_test_files(task.repo_dir),
-                                   timeout=args.agent_command_timeout)
+                                   timeout=coding_flags(args).agent_command_timeout)
     rollout_id = sample.rollout_id if sample.rollout_id is not None else sample.index
     samples = trajectory_to_samples(run.segments, rollout_id=rollout_id, reward=grade.reward, base=sample,
                                     tokenizer=adapter.core.tokenizer)

@@ -34,7 +34,7 @@ from typing import Any
 import anthropic
 
 from vime.agent.adapters.core import Segment
-from vime.agent.coding.tools import (MAIN_TOOLS, SUBAGENT_TOOLS, ToolError, ToolLimits, ToolResult,
+from vime.envs.coding_agent.tools import (MAIN_TOOLS, SUBAGENT_TOOLS, ToolError, ToolLimits, ToolResult,
                                      check_arguments, execute_sandbox_tool, tool_definitions)
 from vime.sandbox.base import Sandbox
 from vime.errors import ServiceError

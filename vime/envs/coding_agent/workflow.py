@@ -34,13 +34,15 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import (ActivityError, ApplicationError, TimeoutError, TimeoutType,
+from temporalio.exceptions import (ActivityError, ApplicationError, ChildWorkflowError, TimeoutError, TimeoutType,
                                    is_cancelled_exception)
 
 with workflow.unsafe.imports_passed_through():
     from vime.temporal.search_attributes import (FAILURE_CLASS, POLICY_VERSION, REWARD, ROLLOUT_ID,
                                                  ROLLOUT_STATUS, RUN_ID)
     from vime.types import RolloutRef
+    from workflows.rollout import RolloutInput as GroupInput
+    from workflows.rollout import RolloutOutput as GroupOutput
 
 AGENT_TASK = "agent_task"
 AGENT_SESSION = "agent_session"
@@ -362,3 +364,52 @@ async def _stopped_on_cancel(handle: workflow.ActivityHandle):
         except (ActivityError, asyncio.CancelledError):
             pass
         raise
+
+
+@workflow.defn(name="CodingAgentGroupWorkflow")
+class CodingAgentGroupWorkflow:
+    """A prompt group of agent rollouts for the training workflow: one `CodingAgentRolloutWorkflow`
+    per sample, summarized as one `GroupOutput`. Infra failures stay in the group (stored, kept
+    out of advantage statistics, never trained); the group is kept when any rollout was graded."""
+
+    @workflow.run
+    async def run(self, inp: GroupInput) -> GroupOutput:
+        async def one(i: int) -> AgentRolloutOutput:
+            try:
+                return await workflow.execute_child_workflow(
+                    CodingAgentRolloutWorkflow.run,
+                    AgentRolloutInput(inp.run_id, inp.step, inp.position, i, inp.weight_version,
+                                      heartbeat_seconds=inp.heartbeat_seconds,
+                                      sandbox_task_queue=inp.sandbox_task_queue),
+                    id=agent_workflow_id(inp.run_id, inp.position, i))
+            except ChildWorkflowError as e:  # infra failures are stored inside; what reaches here is final
+                if is_cancelled_exception(e):  # the run is being cancelled: its sandbox was torn down
+                    raise
+                raise ApplicationError(f"agent rollout {inp.position}-{i} failed: {_root_message(e)}",
+                                       type="ConfigError", non_retryable=True) from e
+
+        outs = await asyncio.gather(*(one(i) for i in range(inp.n_samples_per_prompt)))
+        out = summarize_agent_group(inp.position, outs)
+        updates = [ROLLOUT_STATUS.value_set(out.status)]  # the training workflow started it "running"
+        if out.reward_mean is not None:
+            updates.append(REWARD.value_set(out.reward_mean))
+        workflow.upsert_search_attributes(updates)
+        return out
+
+
+def summarize_agent_group(position: int, outs: list[AgentRolloutOutput]) -> GroupOutput:
+    """The group as the training workflow sees it: the stored rollouts' ids, and the mean of the
+    graded rewards (infra failures count as samples, not as rewards)."""
+    stored = [o for o in outs if o.rollout.samples]
+    rewards = [o.reward for o in stored if o.reward is not None and not o.rollout.infra_failure]
+    infra = sum(len(o.rollout.samples) for o in stored if o.rollout.infra_failure)
+    return GroupOutput(position, [o.rollout.rollout_id for o in stored], keep=bool(rewards),
+                       reward_mean=sum(rewards) / len(rewards) if rewards else None,
+                       status="completed" if rewards else "failed",
+                       samples=sum(len(o.rollout.samples) for o in stored), infra=infra)
+
+
+def _root_message(error: BaseException) -> str:
+    while getattr(error, "cause", None) is not None or error.__cause__ is not None:
+        error = getattr(error, "cause", None) or error.__cause__
+    return getattr(error, "message", None) or str(error)

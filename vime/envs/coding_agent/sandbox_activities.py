@@ -31,14 +31,15 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.store_calls import store_call
-from vime.agent.coding.config import sandbox_options
-from vime.agent.coding.grading import grade_in_sandbox, task_test_files
+from vime.envs.coding_agent.config import sandbox_options
+from vime.envs.coding_agent.flags import coding_flags
+from vime.envs.coding_agent.grading import grade_in_sandbox, task_test_files
 from vime.agent.recorder import TrajectoryRecorder
 from vime.sandbox import SandboxGone, attach_sandbox, make_sandbox
 from vime.sandbox.git import capture_diff, init_base
 from vime.log import get_logger
 from vime.store import SampleStore
-from workflows.coding_agent import (PATCH_DOES_NOT_APPLY, SANDBOX_LOST, BootInput, DiffInput, DiffOutput,
+from vime.envs.coding_agent.workflow import (PATCH_DOES_NOT_APPLY, SANDBOX_LOST, BootInput, DiffInput, DiffOutput,
                                     GradeInput, GradeOutput, SandboxRef)
 
 log = get_logger(__name__)
@@ -123,7 +124,7 @@ class SandboxActivities:
 
         result = await grade_in_sandbox(fresh, inp.diff, task.test_command,
                                         test_files=task_test_files(task.repo_dir),
-                                        timeout=self.args.agent_command_timeout)
+                                        timeout=coding_flags(self.args).agent_command_timeout)
         if result.outcome == "patch_failed":
             raise ApplicationError(result.reason, type=PATCH_DOES_NOT_APPLY, non_retryable=True)
         return GradeOutput(result.reward, result.outcome, result.reason)

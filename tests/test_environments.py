@@ -1,0 +1,86 @@
+"""Rollout environments are plugins (`--rollout-env`): a module outside vime declares its group
+workflow, activities and flags, and a run trains on its groups through the training workflow,
+which knows environments only by the registered name of their group workflow."""
+
+from __future__ import annotations
+
+import inspect
+import textwrap
+
+import pytest
+
+from tests.conftest import engine_flags
+from tests.runs import TrainRun
+from vime.args import parse_args
+from vime.envs import BUILTIN, load_environment, workflow_classes
+from vime.errors import ConfigError
+from vime.store import SampleStore
+from workflows import training
+
+
+def test_the_training_workflow_names_no_environment():
+    source = inspect.getsource(training)
+    for name in ("CodingAgent", "coding_agent", "ShoutGroup", *BUILTIN):
+        if name != "groups":
+            assert name not in source, name
+
+
+def test_an_environment_module_brings_its_flags_into_the_parser():
+    args = parse_args(["--rollout-env", "tests.envs.shout", "--shout-bonus", "2.5"])
+    assert args.rollout_env == "tests.envs.shout" and args.env_args.shout_bonus == 2.5
+    assert parse_args(["--rollout-env", "tests.envs.shout"]).env_args.shout_bonus == 1.0
+    with pytest.raises(ConfigError, match="unknown flag --shout-bonus"):
+        parse_args(["--shout-bonus", "2"])  # another environment's flag
+
+
+def test_the_older_rollout_workflow_flag_still_names_the_coding_agent():
+    args = parse_args(["--rollout-workflow", "CodingAgentRolloutWorkflow", "--agent-max-turns", "3"])
+    assert args.rollout_env == "coding_agent" and args.env_args.agent_max_turns == 3
+    with pytest.raises(ConfigError, match="disagree"):
+        parse_args(["--rollout-workflow", "CodingAgentRolloutWorkflow", "--rollout-env", "groups"])
+
+
+def test_the_coding_agents_generate_hook_takes_the_coding_agents_flags():
+    args = parse_args(["--custom-generate-function-path", "vime.envs.coding_agent.generate.generate",
+                       "--agent-max-turns", "2"])
+    assert args.rollout_env == "groups" and args.env_args.agent_max_turns == 2
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("nope", "no such environment; built-ins: groups, coding_agent"),
+    ("tests.envs.missing", "cannot import module 'tests.envs.missing'"),
+    ("tests.runs", "module 'tests.runs' has no ENVIRONMENT"),
+    ("", "expected a built-in"),
+])
+def test_a_bad_environment_is_one_line_naming_the_flag(spec, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        parse_args(["--rollout-env", spec])
+    assert str(err.value).startswith("--rollout-env")
+
+
+def test_every_builtin_environment_loads_and_declares_registered_workflows():
+    for name in BUILTIN:
+        env = load_environment(name)
+        assert env.name == name
+        workflow_classes(env)  # raises when the group workflow is not among them
+
+
+def test_a_group_workflow_that_is_not_registered_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "half_env.py").write_text(textwrap.dedent('''
+        from vime.envs.base import Environment
+        ENVIRONMENT = Environment(name="half", group_workflow="Missing", workflows=("workflows.rollout:RolloutWorkflow",))
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match="group_workflow 'Missing' is none of its workflows"):
+        workflow_classes(load_environment("half_env"))
+
+
+@pytest.mark.vllm
+def test_a_run_trains_on_an_environment_from_outside_vime(training_server, tiny_model_dir, tmp_path):
+    run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), "--rollout-env", "tests.envs.shout",
+                   "--shout-bonus", "2", steps=2, groups=2, n=4)
+    assert run.run_to_end() == 0, run.tail()
+    run.assert_trained_exactly_once()
+    with SampleStore.open(run.run_dir) as store:
+        samples = [s for _, s in store.iter_samples(run.run_id)]
+    assert samples and all(s.metadata["env"] == "shout" and 0 <= s.reward <= 2 for s in samples)
