@@ -1,0 +1,142 @@
+"""The activities of MultiAgentRolloutWorkflow (rollout queue): one per role, and the store.
+
+A role activity checkpoints what it sampled in the store's turn table before it returns, so
+it is idempotent on the rollout: a retry finds the role's turns stored and returns them
+without sampling (the solvers, sampled concurrently and stored in order, keep those stored
+before a crash and sample only the rest). Every turn's `meta` records which activity attempt
+sampled it (`sampled_by`): a role is never sampled twice into the store.
+
+Every store call runs in a thread (`store_call`): a write waiting for SQLite's lock must not stop
+the worker's event loop, which sends the heartbeats.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio import activity
+
+from activities.errors import final_config_errors
+from activities.heartbeat import heartbeating
+from activities.store_calls import store_call
+from examples.multi_agent import roles, task
+from examples.multi_agent.flags import multi_agent_flags
+from examples.multi_agent.workflow import (REWRITER, SELECTOR, SOLVERS, STORE, MultiAgentRolloutInput,
+                                           MultiAgentRolloutOutput, RoleOutput)
+from vime.envs.base import EnvContext, EnvWorkers
+from vime.envs.rollouts import prompt_group
+from vime.rollout.sampling import params_for_sample, sampling_params_from_args
+from vime.store.queries import Turn
+from vime.types import RolloutRef, Sample
+
+_ARRAYS = ("tokens", "loss_mask", "rollout_log_probs")
+
+
+def turn_record(sample: Sample) -> dict[str, Any]:
+    """`store.append_turn`'s arguments for a role's sampled turn: the whole sequence, the mask
+    and logprobs over it (0 on the prompt), the rest of the Sample as `meta`."""
+    prompt = sample.prompt_length
+    meta = {k: v for k, v in sample.to_dict().items() if k not in _ARRAYS}
+    return {"turn": sample.metadata["turn"], "token_ids": list(sample.tokens),
+            "loss_mask": [0] * prompt + list(sample.loss_mask or [1] * sample.response_length),
+            "log_probs": [0.0] * prompt + list(sample.rollout_log_probs or [0.0] * sample.response_length),
+            "meta": {"sample": meta, "prompt_length": prompt}}
+
+
+def turn_sample(turn: Turn) -> Sample:
+    """The Sample a stored turn was made from."""
+    prompt = turn.meta["prompt_length"]
+    return Sample.from_dict({**turn.meta["sample"], "tokens": turn.token_ids, "loss_mask": turn.loss_mask[prompt:],
+                             "rollout_log_probs": (turn.log_probs or [])[prompt:]})
+
+
+class MultiAgentActivities:
+    def __init__(self, ctx: EnvContext) -> None:
+        self.args, self.store = ctx.args, ctx.store
+        self.flags = multi_agent_flags(ctx.args)
+
+    async def _base(self, inp: MultiAgentRolloutInput) -> tuple[Sample, dict[str, Any]]:
+        """The rollout's data-source sample and its sampling parameters (seeded by its index)."""
+        base = (await prompt_group(self.args, inp.position))[inp.index]
+        base.session_id = f"{inp.run_id}-{base.index}"
+        return base, params_for_sample(sampling_params_from_args(self.args), self.args, base)
+
+    async def _stored(self, inp: MultiAgentRolloutInput, base: Sample) -> dict[int, Sample]:
+        turns = await store_call(self.store.read_turns, inp.run_id, str(base.index))
+        return {t.turn: turn_sample(t) for t in turns}
+
+    async def _save(self, inp: MultiAgentRolloutInput, base: Sample, samples: list[Sample]) -> None:
+        info = activity.info()
+        for s in sorted(samples, key=lambda s: s.metadata["turn"]):
+            s.metadata["sampled_by"] = f"{info.activity_id}#{info.attempt}"
+            await store_call(self.store.append_turn, inp.run_id, str(base.index), **turn_record(s))
+
+    def _output(self, role: str, base: Sample, samples: list[Sample]) -> RoleOutput:
+        return RoleOutput(role, str(base.index), [s.metadata["turn"] for s in samples],
+                          [float(s.metadata["score"]) for s in samples], sum(task.usable(s) for s in samples),
+                          samples[-1].metadata.get("pick") if role == "selector" else None,
+                          ",".join(sorted({s.metadata.get("sampled_by", "") for s in samples})))
+
+    @activity.defn(name=SOLVERS)
+    @final_config_errors  # a ConfigError ends the run with its line; the rest retries
+    async def solvers(self, inp: MultiAgentRolloutInput) -> RoleOutput:
+        base, params = await self._base(inp)
+        k = self.flags.num_solvers
+        done = {t: s for t, s in (await self._stored(inp, base)).items() if t < k}
+        if len(done) < k:
+            async with heartbeating():
+                turns = await roles.solvers(self.args, base, params, k, done)
+            await self._save(inp, base, [s for s in turns if s.metadata["turn"] not in done])
+            done = {s.metadata["turn"]: s for s in turns}
+        return self._output("solver", base, [done[t] for t in range(k)])
+
+    @activity.defn(name=REWRITER)
+    @final_config_errors
+    async def rewriter(self, inp: MultiAgentRolloutInput) -> RoleOutput:
+        base, params = await self._base(inp)
+        k = self.flags.num_solvers
+        stored = await self._stored(inp, base)
+        if k not in stored:
+            async with heartbeating():
+                stored[k] = await roles.rewriter(self.args, base, params, [stored[t] for t in range(k)])
+            await self._save(inp, base, [stored[k]])
+        return self._output("rewriter", base, [stored[k]])
+
+    @activity.defn(name=SELECTOR)
+    @final_config_errors
+    async def selector(self, inp: MultiAgentRolloutInput) -> RoleOutput:
+        base, params = await self._base(inp)
+        k = self.flags.num_solvers
+        stored = await self._stored(inp, base)
+        if k + 1 not in stored:
+            async with heartbeating():
+                stored[k + 1] = await roles.selector(self.args, base, params, [stored[t] for t in range(k)],
+                                                     stored[k])
+            await self._save(inp, base, [stored[k + 1]])
+        return self._output("selector", base, [stored[k + 1]])
+
+    @activity.defn(name=STORE)
+    @final_config_errors
+    async def store_rollout(self, inp: MultiAgentRolloutInput) -> MultiAgentRolloutOutput:
+        """The stored turns as the rollout's samples, rewarded, written once (a retry gets the
+        stored refs back)."""
+        base, _ = await self._base(inp)
+        rollout_id = str(base.index)
+        stored = await self._stored(inp, base)
+        samples = [stored[t] for t in sorted(stored)]
+        correct = task.assign_rewards(samples, self.flags.correct_reward_weight, self.flags.incorrect_reward_weight)
+        for s in samples:
+            s.rollout_id = rollout_id
+            s.metadata["weight_version"] = inp.weight_version
+        refs = await store_call(self.store.write_rollout, inp.run_id, rollout_id, samples)
+        return MultiAgentRolloutOutput(RolloutRef(inp.run_id, rollout_id, refs, inp.weight_version),
+                                       sum(s.reward for s in samples) / len(samples), correct,
+                                       [s.metadata["role"] for s in samples])
+
+    def all(self) -> list:
+        return [self.solvers, self.rewriter, self.selector, self.store_rollout]
+
+
+def start(ctx: EnvContext) -> EnvWorkers:
+    return EnvWorkers(activities=MultiAgentActivities(ctx).all())
+

@@ -1,0 +1,152 @@
+"""MultiAgentRolloutWorkflow: one run of the multi-agent system on one prompt, as a durable workflow.
+
+    solvers (K turns) → rewriter (1 turn) → selector (1 turn) → store (rewards, one fan-out)
+
+One workflow per rollout, id `<run>-rollout-<position>-<i>`, grouped per prompt by
+`MultiAgentGroupWorkflow` (the group workflow the training workflow starts). Each role is one
+activity: it samples its turns with vime's generate and stores them in the store's turn table
+(turns 0..K-1 the solvers, K the rewriter, K+1 the selector) before it returns. So a worker
+killed mid-rollout costs only the role it was running: the finished roles' results are in the
+workflow's history and their turns in the store, and the retried role samples just its own turns
+(a role whose turns are already stored returns them without sampling). The store activity turns
+the stored turns into the rollout's samples, rewarded, and writes them once.
+
+When no solver sampled a usable draft there is nothing to rewrite or select: the rollout ends
+with its solvers only (an uneven fan-out, and an incorrect final answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError, ChildWorkflowError, is_cancelled_exception
+
+with workflow.unsafe.imports_passed_through():
+    from vime.temporal.search_attributes import POLICY_VERSION, REWARD, ROLLOUT_ID, ROLLOUT_STATUS, RUN_ID
+    from vime.types import RolloutRef
+    from workflows.rollout import RolloutInput as GroupInput
+    from workflows.rollout import RolloutOutput as GroupOutput
+    from workflows.rollout import rollout_retry_policy
+
+SOLVERS = "multi_agent_solvers"
+REWRITER = "multi_agent_rewriter"
+SELECTOR = "multi_agent_selector"
+STORE = "multi_agent_store"
+ROLE_ACTIVITIES = {"solver": SOLVERS, "rewriter": REWRITER, "selector": SELECTOR}
+
+
+@dataclass
+class MultiAgentRolloutInput:
+    run_id: str
+    step: int
+    position: int  # the data source's prompt position (the group)
+    index: int  # which sample of the group
+    weight_version: int
+    heartbeat_seconds: float = 60.0
+
+
+@dataclass
+class RoleOutput:
+    """What a role activity tells the workflow: small numbers; the turns are in the store."""
+
+    role: str
+    rollout_id: str
+    turns: list[int] = field(default_factory=list)  # the turn numbers it holds
+    scores: list[float] = field(default_factory=list)
+    usable: int = 0  # turns with a reply the next role can build on
+    pick: str | None = None  # the selector's pick ("A", ...)
+    sampled_by: str = ""  # "<activity id>#<attempt>" that sampled the turns
+
+
+@dataclass
+class MultiAgentRolloutOutput:
+    rollout: RolloutRef
+    reward_mean: float | None = None  # the mean of its samples' rewards
+    correct: bool = False  # the selector picked a correct candidate
+    roles: list[str] = field(default_factory=list)  # the role of each stored sample, in order
+
+
+def multi_agent_workflow_id(run_id: str, position: int, index: int) -> str:
+    return f"{run_id}-rollout-{position}-{index}"
+
+
+@workflow.defn(name="MultiAgentRolloutWorkflow")
+class MultiAgentRolloutWorkflow:
+    def __init__(self) -> None:
+        self.phases: list[str] = []
+
+    @workflow.query
+    def progress(self) -> dict:
+        return {"phases": list(self.phases)}
+
+    @workflow.run
+    async def run(self, inp: MultiAgentRolloutInput) -> MultiAgentRolloutOutput:
+        if workflow.info().typed_search_attributes.get(RUN_ID) is None:
+            workflow.upsert_search_attributes([RUN_ID.value_set(inp.run_id), ROLLOUT_STATUS.value_set("running"),
+                                               POLICY_VERSION.value_set(inp.weight_version)])
+        solvers = await self._role("solver", inp)
+        workflow.upsert_search_attributes([ROLLOUT_ID.value_set(solvers.rollout_id)])
+        if solvers.usable:
+            await self._role("rewriter", inp)
+            await self._role("selector", inp)
+        self.phases.append("store")
+        out = await workflow.execute_activity(
+            STORE, inp, result_type=MultiAgentRolloutOutput, start_to_close_timeout=timedelta(minutes=5),
+            retry_policy=rollout_retry_policy())
+        updates = [ROLLOUT_STATUS.value_set("completed")]
+        if out.reward_mean is not None:
+            updates.append(REWARD.value_set(out.reward_mean))
+        workflow.upsert_search_attributes(updates)
+        return out
+
+    async def _role(self, role: str, inp: MultiAgentRolloutInput) -> RoleOutput:
+        self.phases.append(role)
+        return await workflow.execute_activity(
+            ROLE_ACTIVITIES[role], inp, result_type=RoleOutput, start_to_close_timeout=timedelta(minutes=30),
+            heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds),
+            retry_policy=rollout_retry_policy())  # infra failures retry; a ConfigError ends the run
+
+
+@workflow.defn(name="MultiAgentGroupWorkflow")
+class MultiAgentGroupWorkflow:
+    """A prompt group for the training workflow: one `MultiAgentRolloutWorkflow` per sample,
+    summarized as one `GroupOutput` (its rollout ids; the mean reward counts each rollout once)."""
+
+    @workflow.run
+    async def run(self, inp: GroupInput) -> GroupOutput:
+        async def one(i: int) -> MultiAgentRolloutOutput:
+            try:
+                return await workflow.execute_child_workflow(
+                    MultiAgentRolloutWorkflow.run,
+                    MultiAgentRolloutInput(inp.run_id, inp.step, inp.position, i, inp.weight_version,
+                                           heartbeat_seconds=inp.heartbeat_seconds),
+                    id=multi_agent_workflow_id(inp.run_id, inp.position, i))
+            except ChildWorkflowError as e:  # infra failures retry inside; what reaches here is final
+                if is_cancelled_exception(e):
+                    raise
+                raise ApplicationError(f"multi-agent rollout {inp.position}-{i} failed: {_root_message(e)}",
+                                       type="ConfigError", non_retryable=True) from e
+
+        outs = await asyncio.gather(*(one(i) for i in range(inp.n_samples_per_prompt)))
+        out = summarize_group(inp.position, outs)
+        updates = [ROLLOUT_STATUS.value_set(out.status)]
+        if out.reward_mean is not None:
+            updates.append(REWARD.value_set(out.reward_mean))
+        workflow.upsert_search_attributes(updates)
+        return out
+
+
+def summarize_group(position: int, outs: list[MultiAgentRolloutOutput]) -> GroupOutput:
+    rewards = [o.reward_mean for o in outs if o.reward_mean is not None]
+    return GroupOutput(position, [o.rollout.rollout_id for o in outs],
+                       reward_mean=sum(rewards) / len(rewards) if rewards else None,
+                       samples=sum(len(o.rollout.samples) for o in outs))
+
+
+def _root_message(error: BaseException) -> str:
+    while getattr(error, "cause", None) is not None or error.__cause__ is not None:
+        error = getattr(error, "cause", None) or error.__cause__
+    return getattr(error, "message", None) or str(error)
