@@ -70,9 +70,35 @@ def test_uneven_fan_out_counts_each_rollout_once():
     assert adv.stats["rollouts"] == 3
 
 
-def test_siblings_with_different_rewards_are_an_error():
-    with pytest.raises(ConfigError, match="rollout 'a' has siblings with rewards"):
-        compute_advantages("grpo", [1.0, 0.0], [0, 0], ["a", "a"], [ones(1)] * 2)
+def test_siblings_with_rewards_of_their_own_are_scored_against_a_group_mean_that_counts_each_rollout_once():
+    # A multi-agent rollout "a": 3 solvers, a rewriter and a selector, each scored on its own turn
+    # (mean 0.6); rollouts "b" and "c" ended early with one sample each. Counting samples would
+    # give a group mean of 3.0 / 7; each rollout counting once gives (0.6 + 0 + 0.3) / 3 = 0.3.
+    rewards = [1.0, 0.0, 1.0, 0.5, 0.5, 0.0, 0.3]
+    adv = compute_advantages("grpo", rewards, [7] * 7, ["a"] * 5 + ["b", "c"], [ones(1)] * 7, normalize_std=False)
+    assert scalars(adv) == pytest.approx([r - 0.3 for r in rewards])
+    assert adv.stats["rollouts"] == 3 and adv.stats["rewards/mean"] == pytest.approx(0.3)
+
+
+def test_the_std_of_a_group_with_uneven_fan_outs_weighs_each_rollout_once():
+    # Rollout "a" splits its weight of one over its siblings: deviations from the mean 0.3 are
+    # averaged within "a" (0.196), then summed with b's (0.09) and c's (0) over 3 - 1 rollouts.
+    rewards = [1.0, 0.0, 1.0, 0.5, 0.5, 0.0, 0.3]
+    adv = compute_advantages("grpo", rewards, [7] * 7, ["a"] * 5 + ["b", "c"], [ones(1)] * 7)
+    within_a = sum((r - 0.3) ** 2 for r in rewards[:5]) / 5
+    std = math.sqrt((within_a + 0.3 ** 2 + 0.0) / 2)
+    assert scalars(adv) == pytest.approx([(r - 0.3) / (std + 1e-6) for r in rewards])
+
+
+def test_a_rollout_alone_in_its_group_gets_zero_even_when_its_siblings_differ():
+    adv = compute_advantages("grpo", [1.0, 0.0, 0.5], [0] * 3, ["a"] * 3, [ones(2)] * 3)
+    assert all(torch.equal(t, torch.zeros(2)) for t in adv.per_token)
+    assert adv.stats["groups/degenerate"] == 1
+
+
+def test_reinforce_plus_plus_credits_each_sibling_with_its_own_reward():
+    adv = compute_advantages("reinforce_plus_plus", [1.0, 0.0], [None, None], ["a", "a"], [ones(1)] * 2)
+    assert scalars(adv) == pytest.approx(_whiten_by_hand([1.0, 0.0]), abs=1e-5)
 
 
 def test_infra_failures_are_out_of_the_statistics_and_get_zero():

@@ -1,23 +1,27 @@
 """Advantage estimators: GRPO, GSPO, REINFORCE++ and REINFORCE++-baseline (slime's semantics).
 
 The unit of statistics is the *rollout*, not the sample. A rollout is one `generate()` call; a
-fan-out returns several sibling samples that share `rollout_id`, one reward and one
-`group_index`. Group means and standard deviations count every rollout once, however many
-siblings it has (slime counts samples, which biases groups with uneven fan-outs).
+fan-out returns several sibling samples that share `rollout_id` and `group_index`. Siblings
+usually share one reward (an agent's segments, credited with the run's outcome), but may carry
+rewards of their own (a multi-agent system whose roles are each scored on their own turn).
+Group means and standard deviations count every rollout once, however many siblings it has:
+a rollout's siblings share a weight of one, so its value in its group's mean is the mean of its
+siblings' rewards (slime counts samples, which biases groups with uneven fan-outs).
 
 Invariants of every estimator here:
 - the output holds one float32 tensor of `response_length` per sample, 0 where `loss_mask` is 0;
 - rollouts flagged as infra failures are left out of every statistic and get advantage 0;
 - a group with fewer than two usable rollouts, or whose rewards are all equal, gets advantage 0
   (never NaN);
-- siblings of a fan-out get the same sequence-level advantage (GRPO, GSPO, REINFORCE++-baseline
-  before the KL shaping).
+- each sample's advantage is its own reward against its group's statistics, so siblings with
+  the same reward get the same sequence-level advantage (GRPO, GSPO, REINFORCE++-baseline
+  before the KL shaping); when every rollout's siblings agree, the statistics are exactly the
+  one-value-per-rollout ones.
 
 The plain function `compute_advantages` works on lists; `advantages_for_samples` adapts a
 `list[Sample]` to it, and `advantages_from_config` takes the flags from an `AdvantageConfig`
 (built from `args` as `losses.LossConfig` is).
 """
-
 from __future__ import annotations
 
 import math
@@ -44,10 +48,15 @@ class Advantages:
 
 @dataclass
 class _Rollout:
-    reward: float
+    rewards: list[float]  # one per sibling, aligned with `samples`
     group: Hashable
     failed: bool
     samples: list[int]
+
+    @property
+    def reward(self) -> float:
+        """The rollout's value in its group's statistics: the mean of its siblings' rewards."""
+        return math.fsum(self.rewards) / len(self.rewards)
 
 
 def is_infra_failure(flag: Any) -> bool:
@@ -65,8 +74,8 @@ def collect_rollouts(
 ) -> list[_Rollout]:
     """Collapse samples into rollouts (first-appearance order); a `None` rollout id is its own rollout.
 
-    Siblings must agree on reward and group: a disagreement means the rollout was assembled
-    wrongly, and averaging it away would hide that. A rollout is failed if any sibling is flagged.
+    Siblings must agree on their group: a disagreement means the rollout was assembled wrongly,
+    and averaging it away would hide that. A rollout is failed if any sibling is flagged.
     """
     n = len(rewards)
     if len(group_ids) != n or len(rollout_ids) != n:
@@ -88,46 +97,48 @@ def collect_rollouts(
         value = 0.0 if reward is None else float(reward)
         r = rollouts.get(key)
         if r is None:
-            rollouts[key] = _Rollout(value, group_ids[i], failed, [i])
+            rollouts[key] = _Rollout([value], group_ids[i], failed, [i])
             continue
         if r.group != group_ids[i]:
             raise ConfigError(
                 f"advantages: rollout {key!r} has siblings in groups {r.group!r} and {group_ids[i]!r}; "
                 "siblings of a fan-out must share group_index"
             )
-        if not (failed or r.failed) and not math.isclose(r.reward, value, rel_tol=1e-9, abs_tol=1e-12):
-            raise ConfigError(
-                f"advantages: rollout {key!r} has siblings with rewards {r.reward} and {value}; "
-                "a fan-out has one reward per rollout, give every sibling the rollout's reward"
-            )
         r.failed = r.failed or failed
+        r.rewards.append(value)
         r.samples.append(i)
     return list(rollouts.values())
 
 
 def group_advantages(
     rollouts: Sequence[_Rollout], *, normalize_std: bool = True, eps: float = 1e-6
-) -> tuple[list[float], int]:
-    """One scalar per rollout: (r - group mean) / (group std + eps), or r - mean without std.
+) -> tuple[list[list[float]], int]:
+    """Per rollout, one scalar per sibling: (r - group mean) / (group std + eps), or r - mean
+    without std, where r is the sibling's own reward.
 
-    The std is the unbiased one (Bessel), as `torch.std` in slime. Returns the scalars and the
+    Every rollout weighs one in its group, split evenly over its siblings: the mean is the mean
+    of the rollouts' mean rewards, and the variance is the siblings' squared deviations averaged
+    per rollout, summed over rollouts and divided by (rollouts - 1) (Bessel over rollouts, as
+    `torch.std` in slime when there is one sample per rollout). Returns the scalars and the
     number of degenerate groups (under two usable rollouts, or zero spread), whose rollouts get 0.
     """
     by_group: dict[Hashable, list[int]] = {}
     for k, r in enumerate(rollouts):
         if not r.failed:
             by_group.setdefault(r.group, []).append(k)
-    out = [0.0] * len(rollouts)
+    out = [[0.0] * len(r.rewards) for r in rollouts]
     degenerate = 0
     for members in by_group.values():
-        values = [rollouts[k].reward for k in members]
-        if len(values) < 2 or max(values) == min(values):
+        values = [x for k in members for x in rollouts[k].rewards]
+        if len(members) < 2 or max(values) == min(values):
             degenerate += 1
             continue
-        mean = math.fsum(values) / len(values)
-        std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (len(values) - 1))
-        for k, v in zip(members, values):
-            out[k] = (v - mean) / (std + eps) if normalize_std else v - mean
+        mean = math.fsum(rollouts[k].reward for k in members) / len(members)
+        spread = math.fsum(math.fsum((x - mean) ** 2 for x in rollouts[k].rewards) / len(rollouts[k].rewards)
+                           for k in members)
+        std = math.sqrt(spread / (len(members) - 1))
+        for k in members:
+            out[k] = [(x - mean) / (std + eps) if normalize_std else x - mean for x in rollouts[k].rewards]
     return out, degenerate
 
 
@@ -209,11 +220,11 @@ def compute_advantages(
     scalars, degenerate = (
         group_advantages(rollouts, normalize_std=normalize_std and estimator != "reinforce_plus_plus_baseline", eps=eps)
         if estimator in GROUP_ESTIMATORS
-        else ([r.reward for r in rollouts], 0)
+        else ([list(r.rewards) for r in rollouts], 0)
     )
     per_sample_scalar = [0.0] * len(masks)
-    for r, a in zip(rollouts, scalars):
-        for i in r.samples:
+    for r, per_sibling in zip(rollouts, scalars):
+        for i, a in zip(r.samples, per_sibling):
             per_sample_scalar[i] = a
 
     if estimator in ("grpo", "gspo"):
