@@ -9,7 +9,8 @@ the flag from its default must change the advantages (and so the loss) or the lo
 The batch has three groups with different rewards and spreads, a fan-out (two siblings of one
 rollout), loss masks with holes, and log-probs that disagree: vLLM's (rollout), the trainer's
 before the update (old), the trainer's now (current; ratios from about 0.25 to 4) and the
-reference's, so clipping, dual-clip, TIS, MIS and every KL estimator have something to act on.
+reference's, so clipping, dual-clip, TIS, MIS and every KL estimator have something to act on;
+and a teacher's (on-policy distillation), which disagrees with the trainer's on every token.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from vime.args import VimeArgs, flag_fields, parse_args
 from vime.train.advantages import AdvantageConfig, advantages_from_config
 from vime.train.batching import group_rollouts, pack, prepare_step
 from vime.train.losses import LossConfig, compute_loss, kl_divergence
+from vime.train.opd import OpdConfig, apply_opd, teacher_log_probs
 from vime.types import Sample
 
 TRAIN = ["--rollout-batch-size", "3", "--n-samples-per-prompt", "3", "--num-rollout", "1"]
@@ -51,6 +53,7 @@ def batch() -> list[Sample]:
                 group_index=group, index=k, rollout_id=rollout_id, prompt="p", tokens=[1, 2, *range(3, 3 + n)],
                 response_length=n, reward=reward, loss_mask=mask,
                 rollout_log_probs=[-1.0 - 0.1 * ((k + t) % 5) for t in range(n)],
+                teacher_log_probs=[-0.5 - 0.3 * ((k + 2 * t) % 7) for t in range(n)],
             ))
     return samples
 
@@ -75,6 +78,10 @@ def step(argv: list[str]) -> tuple[list[torch.Tensor], torch.Tensor]:
     if args.kl_coef > 0:  # as the trainer: the reward-shaping KL of the policy that sampled
         kl = [kl_divergence(o, r, "k1") for o, r in zip(old_lp.split(lengths), ref_lp.split(lengths))]
     advantages = advantages_from_config(samples, AdvantageConfig.from_args(args), kl=kl).per_token
+    if OpdConfig.from_args(args).use_opd:  # as the trainer: the reverse KL of the policy that sampled
+        masks = [torch.tensor(s.loss_mask, dtype=torch.float32) for s in samples]
+        advantages = apply_opd(advantages, list(old_lp.split(lengths)), teacher_log_probs(samples), masks,
+                               args.opd_kl_coef).advantages
 
     config = LossConfig.from_args(args)
     packed = pack(prepare_step(group_rollouts(samples), advantages))
@@ -125,6 +132,8 @@ FLAGS = [
     ("--mis-low", ["--use-mis"], ["--mis-low", "0.8"], LOSS),
     ("--mis-high", ["--use-mis"], ["--mis-high", "1.5"], LOSS),
     ("--loss-type=sft_loss", [], ["--loss-type", "sft_loss"], LOSS),
+    ("--use-opd", [], ["--use-opd"], ADVANTAGES),
+    ("--opd-kl-coef", ["--use-opd"], ["--opd-kl-coef", "0.3"], ADVANTAGES),
 ]
 
 
@@ -146,7 +155,7 @@ def test_every_algorithm_flag_has_a_row_in_the_table():
     assert algorithm <= covered, f"add a row for {sorted(algorithm - covered)}"
 
 
-@pytest.mark.parametrize("config", [LossConfig, AdvantageConfig])
+@pytest.mark.parametrize("config", [LossConfig, AdvantageConfig, OpdConfig])
 def test_every_field_of_the_loss_and_advantage_configs_is_a_flag(config):
     """`from_args` skips what `args` lacks, so a config field without a flag would silently keep its default."""
     flags = {f.name for f in flag_fields()}

@@ -211,8 +211,8 @@ class VimeArgs:
         False, "On-policy distillation: each sampled token's advantage loses --opd-kl-coef x (student - teacher "
         "logprob), its reverse KL to the teacher; samples carry teacher_log_probs (see examples/on_policy_distillation)."
     )
-    opd_type: str | None = _algorithm(
-        None, "Where teacher logprobs come from: vllm, a frozen teacher server scoring each rollout "
+    opd_type: str | None = _reward(
+        None, "OPD: where teacher logprobs come from: vllm, a frozen teacher server scoring each rollout "
         "(--custom-rm-path vime.rollout.on_policy_distillation.reward_func); slime's sglang means the same here "
         "(default with --use-opd: vllm).", choices=("vllm", "sglang"))
     opd_kl_coef: float = _algorithm(1.0, "Weight of the reverse KL to the teacher in the advantage (with --use-opd).")

@@ -40,6 +40,7 @@ def preflight(args: Any) -> None:
     check_hooks(args)
     check_checkpoint(args)
     check_serving(args)
+    check_opd(args)
     check_prompt_data(args)
 
 
@@ -112,6 +113,73 @@ def check_serving(args: Any) -> None:
     if topology.policy is None:
         raise ConfigError(f"--vllm-config {args.vllm_config}: no model takes the trainer's weights; serve "
                           "--hf-checkpoint as one of them (its update_weights defaults to true)")
+
+
+def check_opd(args: Any) -> None:
+    """`--use-opd` has a teacher to score the student's tokens, a reward function that stores its
+    log-probs, and, where the teacher's checkpoint is known (`--vllm-config`), the student's
+    tokenizer: the teacher reads the student's token ids, so one id must mean one token in both."""
+    if not getattr(args, "use_opd", False):
+        return
+    if args.opd_kl_coef < 0:
+        raise ConfigError(f"--opd-kl-coef must be >= 0 (the weight of the reverse KL to the teacher), got "
+                          f"{args.opd_kl_coef}")
+    if args.custom_rm_path is None:
+        raise ConfigError("--use-opd: the teacher's log-probs are fetched by the reward function; add --custom-rm-path "
+                          "vime.rollout.on_policy_distillation.reward_func (or a function of yours that calls its "
+                          "score_with_teacher)")
+    from vime.rollout.on_policy_distillation import TEACHER, teacher_url
+
+    teacher = None
+    if args.vllm_config is not None:
+        from vime.engine.topology import topology_of
+
+        teacher = next((m for m in topology_of(args).models if m.name == TEACHER), None)
+        if teacher is not None and teacher.update_weights:
+            raise ConfigError(f"--vllm-config {args.vllm_config}: the model named {TEACHER!r} takes the trainer's "
+                              "weights; a teacher is frozen: serve its own checkpoint with update_weights: false")
+    if teacher is None and teacher_url(args) is None:
+        raise ConfigError(f"--use-opd: no teacher to score the student's tokens; add a model named {TEACHER!r} with "
+                          "update_weights: false to --vllm-config (see examples/on_policy_distillation), or pass "
+                          f"--vllm-model-urls {TEACHER}=http://HOST:PORT")
+    if teacher is not None and args.hf_checkpoint:
+        check_same_tokenizer(args.hf_checkpoint, teacher.model_path)
+
+
+def check_same_tokenizer(student: str, teacher: str) -> None:
+    """The teacher's vocabulary is the student's: the same embedding size and, where both ship a
+    `tokenizer.json`, the same token for every id (read as JSON: no tokenizer is loaded)."""
+    import json
+
+    def vocab_size(path: str) -> Any:
+        try:
+            return json.loads((Path(path) / "config.json").read_text()).get("vocab_size")
+        except (OSError, ValueError):
+            return None
+
+    what = (f"--use-opd: the teacher {teacher!r} and the student --hf-checkpoint {student!r} have different "
+            "vocabularies ({}); the teacher scores the student's token ids, so it must use the student's tokenizer "
+            "(distil from a teacher of the same family, or retokenize)")
+    sizes = vocab_size(student), vocab_size(teacher)
+    if None not in sizes and sizes[0] != sizes[1]:
+        raise ConfigError(what.format(f"vocab_size {sizes[1]} vs {sizes[0]}"))
+    files = [Path(p) / "tokenizer.json" for p in (student, teacher)]
+    if not all(f.is_file() for f in files):
+        return
+    try:
+        tables = [_token_table(json.loads(f.read_text())) for f in files]
+    except (OSError, ValueError):
+        return
+    if tables[0] != tables[1]:
+        token_id = min(i for i in set(tables[0]) | set(tables[1]) if tables[0].get(i) != tables[1].get(i))
+        raise ConfigError(what.format(f"id {token_id} is {tables[1].get(token_id)!r} in the teacher, "
+                                      f"{tables[0].get(token_id)!r} in the student"))
+
+
+def _token_table(tokenizer_json: dict) -> dict[int, str]:
+    table = {int(i): str(t) for t, i in (tokenizer_json.get("model", {}).get("vocab") or {}).items()}
+    table.update({int(t["id"]): str(t["content"]) for t in tokenizer_json.get("added_tokens") or []})
+    return table
 
 
 def check_prompt_data(args: Any, limit: int = PROMPT_ROWS_CHECKED) -> None:
