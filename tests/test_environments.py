@@ -29,8 +29,14 @@ def test_an_environment_module_brings_its_flags_into_the_parser():
     args = parse_args(["--rollout-env", "tests.envs.shout", "--shout-bonus", "2.5"])
     assert args.rollout_env == "tests.envs.shout" and args.env_args.shout_bonus == 2.5
     assert parse_args(["--rollout-env", "tests.envs.shout"]).env_args.shout_bonus == 1.0
-    with pytest.raises(ConfigError, match="unknown flag --shout-bonus"):
+    with pytest.raises(ConfigError, match="unknown flag --shout-bonus"):  # not a built-in's: no hint
         parse_args(["--shout-bonus", "2"])  # another environment's flag
+
+
+def test_a_builtin_environments_flag_without_the_environment_says_which_to_add():
+    with pytest.raises(ConfigError, match="--agent-max-turns is a flag of the coding_agent environment: "
+                                          "add --rollout-env coding_agent"):
+        parse_args(["--agent-max-turns", "3"])
 
 
 def test_the_older_rollout_workflow_flag_still_names_the_coding_agent():

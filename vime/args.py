@@ -36,7 +36,7 @@ from typing import Any, NoReturn
 from vime import args_forward as forward
 from vime.args_resolve import resolve, trains_on_rollouts
 from vime.precision import resolve_precision
-from vime.envs import LEGACY_WORKFLOWS, Environment, load_environment
+from vime.envs import BUILTIN, LEGACY_WORKFLOWS, Environment, load_environment
 from vime.envs import resolve as resolve_env
 from vime.errors import ConfigError
 
@@ -269,7 +269,7 @@ class VimeArgs:
     rollout_env: str = _orchestration(
         "groups", "Rollout environment: a built-in (groups: single-turn prompt groups; coding_agent; multi_agent; "
                   "tool_use) or a module's dotted path whose ENVIRONMENT declares one (docs/environments.md). "
-                  "Its flags are listed by `vime --rollout-env NAME --help`."
+                  "Its flags are listed by `vime train --rollout-env NAME --help`."
     )
     rollout_workflow: str | None = _orchestration(
         None, "Before --rollout-env: RolloutWorkflow (= --rollout-env groups) or CodingAgentRolloutWorkflow "
@@ -411,6 +411,18 @@ def _uses_prefix(argv: list[str], prefix: str, own: set[str]) -> bool:
     return any(t.startswith(prefix) and t.split("=", 1)[0] not in own for t in argv)
 
 
+def _builtin_env_with_flag(option: str) -> str | None:
+    """The built-in environment that has `option` among its flags (for the unknown-flag line)."""
+    for name in BUILTIN:
+        try:
+            env = load_environment(name)
+        except ConfigError:  # an example that is not importable here
+            continue
+        if option in {_option(f) for f in env_flag_fields(env)}:
+            return name
+    return None
+
+
 def _unknown_flag_error(extras: list[str], parser: argparse.ArgumentParser) -> ConfigError:
     flag = next((t for t in extras if t.startswith("-")), None)
     if flag is None:
@@ -421,6 +433,9 @@ def _unknown_flag_error(extras: list[str], parser: argparse.ArgumentParser) -> C
     hint = f" (did you mean {close[0]}?)" if close else ""
     where = "; vLLM has no such flag" if name.startswith("--vllm-") else ""
     where = "; vllm-router has no such flag" if name.startswith("--router-") else where
+    owner = _builtin_env_with_flag(name)
+    if owner:
+        return ConfigError(f"{name} is a flag of the {owner} environment: add --rollout-env {owner}")
     return ConfigError(f"unknown flag {name}{where}{hint}; see `vime --help`")
 
 

@@ -43,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
     from vime.types import RolloutRef
     from workflows.rollout import RolloutInput as GroupInput
     from workflows.rollout import RolloutOutput as GroupOutput
+    from workflows.training import root_message
 
 AGENT_TASK = "agent_task"
 AGENT_SESSION = "agent_session"
@@ -385,7 +386,7 @@ class CodingAgentGroupWorkflow:
             except ChildWorkflowError as e:  # infra failures are stored inside; what reaches here is final
                 if is_cancelled_exception(e):  # the run is being cancelled: its sandbox was torn down
                     raise
-                raise ApplicationError(f"agent rollout {inp.position}-{i} failed: {_root_message(e)}",
+                raise ApplicationError(f"agent rollout {inp.position}-{i} failed: {root_message(e)}",
                                        type="ConfigError", non_retryable=True) from e
 
         outs = await asyncio.gather(*(one(i) for i in range(inp.n_samples_per_prompt)))
@@ -408,8 +409,3 @@ def summarize_agent_group(position: int, outs: list[AgentRolloutOutput]) -> Grou
                        status="completed" if rewards else "failed",
                        samples=sum(len(o.rollout.samples) for o in stored), infra=infra)
 
-
-def _root_message(error: BaseException) -> str:
-    while getattr(error, "cause", None) is not None or error.__cause__ is not None:
-        error = getattr(error, "cause", None) or error.__cause__
-    return getattr(error, "message", None) or str(error)
