@@ -22,6 +22,7 @@ __all__ = ["BUILTIN", "EnvContext", "Environment", "EnvWorkers", "GroupInput", "
 BUILTIN = {
     "groups": "vime.envs.groups",
     "coding_agent": "vime.envs.coding_agent",
+    "tool_use": "examples.tool_use.env",
     "multi_agent": "examples.multi_agent.env",
 }
 # `--rollout-workflow`, the flag before environments, named the workflow: its values still work.

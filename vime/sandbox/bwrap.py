@@ -71,7 +71,8 @@ class BwrapSandbox:
 
     `cpu_seconds` / `memory_bytes` / `max_processes` bound each command (per process CPU time,
     address space, tasks in the sandbox); `wall_timeout` is the default `exec` timeout.
-    `max_output_bytes` caps what is kept of each of stdout / stderr (the head). `ro_binds` are
+    `max_output_bytes` caps what is kept of each of stdout / stderr (the head). `tmp_bytes` bounds
+    the private `/tmp` (a tmpfs: memory that `memory_bytes` does not count; unbounded if None). `ro_binds` are
     host paths made visible read-only at the same path (the host's `/tmp` is private in the
     sandbox, so a tool installed under it, e.g. a checkout's node_modules, needs one). These
     apply per handle: an attached handle's commands run under the kwargs it was attached with.
@@ -94,6 +95,7 @@ class BwrapSandbox:
         max_output_bytes: int = 16 << 20,
         ro_binds: tuple[str | Path, ...] | list[str | Path] = (),
         boot_key: str | None = None,
+        tmp_bytes: int | None = None,
     ):
         self.repo_dir = Path(repo_dir) if repo_dir is not None else None
         self.ro_binds = tuple(str(Path(b).resolve()) for b in ro_binds)
@@ -105,6 +107,7 @@ class BwrapSandbox:
         self.env = dict(env or {})
         self.max_output_bytes = max_output_bytes
         self.boot_key = boot_key
+        self.tmp_bytes = tmp_bytes
         key_part = _key_hex(boot_key) if boot_key is not None else ""
         self.sandbox_id = f"bwrap-{key_part}{uuid.uuid4().hex[:8 if boot_key is not None else 12]}"
         self.replaced: list[str] = []
@@ -323,6 +326,8 @@ class BwrapSandbox:
         if self.network:
             args.append("--share-net")
         args += _root_binds()
+        if self.tmp_bytes is not None:  # a tmpfs is RAM that RLIMIT_AS does not count
+            args += ["--size", str(self.tmp_bytes)]
         args += ["--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
         parent = self.root.parent.resolve()
         if parent != Path("/tmp") and Path("/tmp") not in parent.parents:

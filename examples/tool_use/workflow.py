@@ -1,0 +1,65 @@
+"""ToolUseGroupWorkflow: one prompt group of tool-use rollouts, each resumable per turn.
+
+    GroupInput → tool_use_rollout × n (in parallel, each heartbeating, its turns stored as they
+                 finish) → store_tool_use_group (rebuild from the stored turns, reward, store once)
+               → GroupOutput
+
+A rollout is one activity that loops over turns (sample, run the code in a sandbox, splice the
+output) and appends each finished turn to the store; its sandbox lives and dies inside the
+activity, so any worker can retry it. A worker killed mid-rollout stops heartbeating, Temporal
+retries the activity elsewhere, and the retry replays the stored turns and continues at the
+first turn not stored (`examples/tool_use/rollout.py`). Infra failures (engine down, sandbox
+that cannot start) retry until they pass; a `ConfigError` (a bad label, a broken prompt) ends
+the run with its line. What the model's code does is never a failure: it is an observation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from vime.envs.base import GroupInput, GroupOutput
+    from vime.temporal.search_attributes import REWARD, ROLLOUT_STATUS
+    from workflows.rollout import rollout_retry_policy
+
+TOOL_USE_ROLLOUT = "tool_use_rollout"
+STORE_TOOL_USE_GROUP = "store_tool_use_group"
+
+
+@dataclass
+class ToolUseRolloutInput:
+    run_id: str
+    position: int  # the prompt group
+    index: int  # which sample of the group (0..n-1)
+    weight_version: int
+
+
+@dataclass
+class ToolUseRolloutOutput:
+    rollout_id: str
+    turns: int
+    tool_calls: int
+    resumed_at: int  # turns an earlier attempt had stored (0: a first attempt)
+
+
+@workflow.defn(name="ToolUseGroupWorkflow")
+class ToolUseGroupWorkflow:
+    @workflow.run
+    async def run(self, inp: GroupInput) -> GroupOutput:
+        await asyncio.gather(*(workflow.execute_activity(
+            TOOL_USE_ROLLOUT, ToolUseRolloutInput(inp.run_id, inp.position, i, inp.weight_version),
+            result_type=ToolUseRolloutOutput, start_to_close_timeout=timedelta(hours=2),
+            heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds), retry_policy=rollout_retry_policy())
+            for i in range(inp.n_samples_per_prompt)))
+        out = await workflow.execute_activity(
+            STORE_TOOL_USE_GROUP, inp, result_type=GroupOutput, start_to_close_timeout=timedelta(minutes=10),
+            retry_policy=rollout_retry_policy())
+        updates = [ROLLOUT_STATUS.value_set(out.status)]
+        if out.reward_mean is not None:
+            updates.append(REWARD.value_set(out.reward_mean))
+        workflow.upsert_search_attributes(updates)
+        return out
