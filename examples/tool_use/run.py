@@ -1,0 +1,100 @@
+"""The tool-use example end to end on CPU: SFT warm start, then GRPO through Temporal.
+
+    python -m examples.tool_use.run [--sft-steps N] [--traces N] [vime train flags that override the defaults]
+
+See README.md here. Everything goes to the run directory (default `runs/tool-use-<time>/`):
+`traces.jsonl`, `sft-model/`, `prompts.jsonl` (held-out problems: none is a trace's), the store,
+the Temporal database, `reward_curve.png` and `summary.txt`. Prints one line per RL step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from examples.quickstart.run import summarize
+from examples.tool_use.sft_traces import write_traces
+from examples.tool_use.task import problems, write_prompts
+from vime.args import parse_args
+from vime.errors import VimeError
+from vime.launch import run_to_end
+from vime.log import configure_logging
+from vime.train.sft import load_sft_samples, run_sft
+
+TRACE_SEED, PROMPT_SEED = 1, 2
+
+
+def rl_flags(run_dir: Path, model: Path) -> list[str]:
+    return [
+        "--hf-checkpoint", str(model), "--prompt-data", str(run_dir / "prompts.jsonl"), "--input-key", "prompt",
+        "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
+        "--rollout-env", "tool_use", "--tool-max-turns", "2", "--tool-timeout", "5",
+        "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--num-rollout", "12",
+        "--rollout-max-response-len", "48", "--rollout-temperature", "1.0",
+        "--advantage-estimator", "grpo", "--lr", "1e-3", "--adam-beta2", "0.99",
+        "--run-dir", str(run_dir), "--vllm-max-model-len", "256",
+    ]
+
+
+def sft(run_dir: Path, base_model: str, traces: int, steps: int) -> Path:
+    """Gold traces, then `vime sft` on them; returns the warm-started model (reused if there)."""
+    out = run_dir / "sft-model"
+    if (out / "config.json").exists():
+        return out
+    path = run_dir / "traces.jsonl"
+    t0 = time.monotonic()
+    n = asyncio.run(write_traces(base_model, path, problems(traces, TRACE_SEED)))
+    print(f"[tool-use] {n} gold traces (code run in the sandbox) in {time.monotonic() - t0:.0f} s -> {path}")
+    args = parse_args(["--hf-checkpoint", base_model, "--sft-data", str(path), "--save", str(out),
+                       "--run-dir", str(run_dir / "sft"), "--global-batch-size", "16",
+                       "--sft-num-steps", str(steps), "--lr", "3e-3", "--seed", "1"])
+    result = run_sft(args, load_sft_samples(path))
+    print(f"[tool-use] SFT: loss {result.first_loss:.3f} -> {result.last_loss:.4f} in {result.steps} steps "
+          f"({result.seconds:.0f} s) -> {out}")
+    return out
+
+
+def _pop_option(argv: list[str], flag: str, default: str) -> str:
+    """The example's own options (not vime flags): read and removed from `argv`."""
+    if flag not in argv:
+        return default
+    i = argv.index(flag)
+    value = argv[i + 1]
+    del argv[i:i + 2]
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    configure_logging(level="WARNING")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    sft_steps = int(_pop_option(argv, "--sft-steps", "150"))
+    traces = int(_pop_option(argv, "--traces", "512"))
+    run_dir = Path(argv[argv.index("--run-dir") + 1]) if "--run-dir" in argv else \
+        Path("runs") / time.strftime("tool-use-%Y%m%d-%H%M%S")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    from vime.testing.tiny_model import tiny_model_dir
+
+    model = sft(run_dir, str(tiny_model_dir()), traces, sft_steps)
+    write_prompts(run_dir / "prompts.jsonl", problems(256, PROMPT_SEED))
+    try:
+        args = parse_args(rl_flags(run_dir, model) + argv)
+    except VimeError as e:
+        print(f"tool-use: error: {e}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    resume = shlex.join([sys.executable, "-m", "examples.tool_use.run", *sys.argv[1:],
+                         *([] if "--run-dir" in sys.argv else ["--run-dir", str(run_dir)])])
+    code, state = run_to_end(args, resume)
+    if state is None:
+        return code
+    rewards = " ".join(f"{m['reward_mean']:.2f}" for m in state.metrics)
+    summarize("tool-use", Path(args.run_dir), state.metrics, time.monotonic() - t0,
+              extra=f" (per step: {rewards})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
