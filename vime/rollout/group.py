@@ -10,9 +10,10 @@ Invariants of the result, relied on by the store and the trainer:
   `f"{--run-id}-{sample.index}"`;
 - every sibling of a rollout has the same `rollout_id`: the hook's, else `f"{sample.index}"`
   (the rollout of sample index i, stable across retries), and the same `group_index`;
-- a fan-out has one reward: the reward function scores the *last* sibling (the end of the
-  trajectory, where the outcome is) and every sibling gets that reward, as the advantage code
-  expects (one value per rollout);
+- a fan-out the generate function left unrewarded gets one reward: the reward function scores
+  the *last* sibling (the end of the trajectory, where the outcome is) and every sibling gets
+  that reward; a generate function may instead reward each sibling itself (a multi-agent
+  system scoring each role's turn), and those rewards are kept;
 - a failed generate never fails the group: a generate that raised becomes a FAILED copy of the
   input sample with `metadata["error"]` (and the hook that raised in `metadata["error_source"]`);
   when the error is an infrastructure one (`is_infra_error`: engine down, a cut connection, a
