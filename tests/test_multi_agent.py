@@ -124,6 +124,17 @@ def test_both_routes_take_the_environments_flags():
     assert (env.rollout_env, hook.rollout_env) == ("multi_agent", "groups")
 
 
+def test_vime_train_from_the_repository_root_stops_on_a_bad_weight_in_one_line_before_starting(tmp_path):
+    run_dir = tmp_path / "run"
+    done = subprocess.run([str(Path(sys.executable).with_name("vime")), "train", "--custom-generate-function-path",
+                           "examples.multi_agent.generate.generate", "--incorrect-reward-weight", "2",
+                           "--run-dir", str(run_dir)], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "vime train: error: --incorrect-reward-weight 2.0 is above --correct-reward-weight 1.2: a wrong final answer "
+        "would pay more than a right one"], done.stderr
+    assert not run_dir.exists()  # nothing started
+
+
 # ---- the generate hook ------------------------------------------------------------------------
 
 @pytest.mark.vllm

@@ -26,6 +26,7 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import importlib.util
 import json
 import os
 import sys
@@ -39,6 +40,7 @@ from vime.precision import resolve_precision
 from vime.envs import BUILTIN, LEGACY_WORKFLOWS, Environment, load_environment
 from vime.envs import resolve as resolve_env
 from vime.errors import ConfigError
+from vime.plugins import _add_cwd_to_path
 
 GROUPS = {
     "data": "Prompt data and how records map to samples.",
@@ -466,6 +468,8 @@ def flags_environment(argv: list[str]) -> Environment | None:
         return None
     module = hook.partition(":")[0] if ":" in hook else hook.rpartition(".")[0]
     parts = module.split(".")
+    if parts[0].isidentifier() and importlib.util.find_spec(parts[0]) is None:
+        _add_cwd_to_path()  # as the hook's loader will: `vime` run from a repository root imports its examples
     for end in range(len(parts), 0, -1):
         try:
             owner = importlib.import_module(".".join(parts[:end]))
