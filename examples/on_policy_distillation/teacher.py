@@ -1,14 +1,17 @@
-"""The teacher: the tiny model after a short SFT to one clear behaviour, answering in CAPITAL WORDS.
+"""The two models of the example, both the tiny model after a short SFT (cached, built on first use):
 
-    python -m examples.on_policy_distillation.teacher     # builds (or finds) it, prints its directory
+- the teacher answers in CAPITAL WORDS: `python -m examples.on_policy_distillation.teacher` prints
+  its directory;
+- the student's warm start answers with the same words, each upper or lower case at random.
 
-Why this teacher: its behaviour is visible in any sample (a response is upper-case words, or it is
-not), it is far from the random student (whose tokens are mostly lower-case code pieces), and it is
-a distribution, not one string: each answer is 4-9 words drawn from a vocabulary of 40, so the
-student has to match the teacher's spread over many tokens, not memorise a reply.
+Why this pair: the behaviour is visible in any sample (how many of the answer's tokens are
+capitals), and the teacher is a distribution, not one string: each answer is 4-9 words drawn from
+a vocabulary of 40, so the student must match its spread over many tokens, not memorise a reply.
+The student starts where OPD starts in practice, from a model whose samples the teacher can grade
+(see `student_dir`), and has to learn the teacher's style from the teacher's log-probs alone.
 
 The SFT traces are `Sample`s (chat prompt, response tokens, loss mask on the response), trained by
-`vime.train.sft.run_sft`, as `vime sft` would. The result is cached like the tiny model itself
+`vime.train.sft.run_sft`, as `vime sft` would. Each model is cached like the tiny model itself
 (`$VIME_CACHE`, default `~/.cache/vime`), keyed by the base model and everything the build reads,
 built under a lock into a temporary directory and renamed into place.
 """
@@ -39,12 +42,17 @@ on `HELDOUT_PROMPTS`, which neither model trained on."""
 BUILD = {"version": 1, "traces": 256, "steps": 48, "batch": 16, "lr": 3e-3, "seed": 7}
 
 
-def answer(rng: random.Random) -> str:
-    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))) + "."
+def answer(rng: random.Random, style: str = "capitals") -> str:
+    """4-9 words; `capitals`: all upper case (the teacher), `mixed`: each word upper or lower case
+    at random (the student's warm start: it knows the words, not the style)."""
+    words = [rng.choice(WORDS) for _ in range(rng.randint(4, 9))]
+    if style == "mixed":
+        words = [w if rng.random() < 0.5 else w.lower() for w in words]
+    return " ".join(words) + "."
 
 
-def traces(model_dir: str, count: int, seed: int) -> list[Sample]:
-    """`count` SFT samples: a chat prompt (rendered as rollouts render it) and a capital answer
+def traces(model_dir: str, count: int, seed: int, style: str = "capitals") -> list[Sample]:
+    """`count` SFT samples: a chat prompt (rendered as rollouts render it) and an answer in `style`
     that ends the turn, every response token marked to learn."""
     from vime.rollout.tokenization import encode, get_tokenizer, render_prompt
 
@@ -55,7 +63,7 @@ def traces(model_dir: str, count: int, seed: int) -> list[Sample]:
     for i in range(count):
         prompt = [{"role": "user", "content": f"{TEACHER_PROMPTS[i % len(TEACHER_PROMPTS)]} ({rng.randint(0, 99)})"}]
         prompt_ids = encode(tok, render_prompt(tok, prompt))
-        response = encode(tok, answer(rng)) + [end]
+        response = encode(tok, answer(rng, style)) + [end]
         out.append(Sample(index=i, rollout_id=str(i), prompt=prompt, tokens=prompt_ids + response,
                           response_length=len(response), loss_mask=[1] * len(response),
                           status=Sample.Status.COMPLETED))
@@ -63,24 +71,37 @@ def traces(model_dir: str, count: int, seed: int) -> list[Sample]:
 
 
 def teacher_dir(base_model: str | Path) -> Path:
-    """The cached teacher for `base_model`, fine-tuned on first use (~20 s on 2 cores)."""
+    """The cached teacher for `base_model`: answers in capitals (fine-tuned on first use)."""
+    return finetuned_dir(base_model, "capitals")
+
+
+def student_dir(base_model: str | Path) -> Path:
+    """The cached student warm start for `base_model`: the same words, each upper or lower case at
+    random. OPD needs a student whose samples the teacher can grade: from the random tiny model,
+    almost no sampled token is one the teacher would write (0.6% here), and the sampled reverse
+    KL then carries too little signal to move it in a short CPU run."""
+    return finetuned_dir(base_model, "mixed")
+
+
+def finetuned_dir(base_model: str | Path, style: str) -> Path:
+    """`base_model` fine-tuned to answer in `style`, cached (built on first use: ~20-40 s on 2 cores)."""
     from vime.testing.tiny_model import _file_lock, cache_root, is_complete
 
     base = Path(base_model).resolve()
-    key = hashlib.sha256(json.dumps({"base": str(base), "build": BUILD, "words": WORDS,
+    key = hashlib.sha256(json.dumps({"base": str(base), "build": BUILD, "words": WORDS, "style": style,
                                      "prompts": TEACHER_PROMPTS}).encode()).hexdigest()[:16]
     root = cache_root()
-    final = root / f"opd-teacher-{key}"
+    final = root / f"opd-{style}-{key}"
     if is_complete(final):
         return final
     root.mkdir(parents=True, exist_ok=True)
     with _file_lock(root / f".{final.name}.lock"):
         if not is_complete(final):
-            _build(base, final)
+            _build(base, final, style)
     return final
 
 
-def _build(base: Path, final: Path) -> None:
+def _build(base: Path, final: Path, style: str) -> None:
     from vime.args import parse_args
     from vime.train.sft import run_sft
 
@@ -89,8 +110,8 @@ def _build(base: Path, final: Path) -> None:
     args = parse_args(["--hf-checkpoint", str(base), "--save", str(out), "--run-dir", str(work / "run"),
                        "--global-batch-size", str(BUILD["batch"]), "--sft-num-steps", str(BUILD["steps"]),
                        "--lr", str(BUILD["lr"]), "--seed", str(BUILD["seed"])])
-    result = run_sft(args, traces(str(base), BUILD["traces"], BUILD["seed"]))
-    print(f"[teacher] fine-tuned {base.name} to answer in capitals: SFT loss {result.first_loss:.2f} -> "
+    result = run_sft(args, traces(str(base), BUILD["traces"], BUILD["seed"], style))
+    print(f"[opd] fine-tuned {base.name} to answer in {style} case: SFT loss {result.first_loss:.2f} -> "
           f"{result.last_loss:.2f} in {result.steps} steps, {result.seconds:.0f} s")
     if final.exists():
         import shutil

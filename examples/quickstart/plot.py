@@ -7,7 +7,10 @@ from pathlib import Path
 from PIL import Image, ImageDraw
 
 
-def plot_curve(values: list[float], path: Path, *, title: str, y_max: float = 1.0, size=(640, 360)) -> None:
+def plot_curve(values: list[float], path: Path, *, title: str, y_max: float = 1.0, size=(640, 360),
+               x_labels: tuple[str, str] | None = None) -> None:
+    """`values` as a line from left to right; the x axis is labelled `x_labels` (first, last),
+    by default "step 1" and "step N"."""
     w, h = size
     left, right, top, bottom = 50, 20, 30, 40
     img = Image.new("RGB", size, "white")
@@ -23,6 +26,7 @@ def plot_curve(values: list[float], path: Path, *, title: str, y_max: float = 1.
            for i, v in enumerate(values)]
     if len(pts) > 1:
         d.line(pts, fill=(30, 90, 200), width=2)
-    d.text((left, h - bottom + 8), "step 1", fill="black")
-    d.text((w - right - 60, h - bottom + 8), f"step {len(values)}", fill="black")
+    first, last = x_labels or ("step 1", f"step {len(values)}")
+    d.text((left, h - bottom + 8), first, fill="black")
+    d.text((w - right - 60, h - bottom + 8), last, fill="black")
     img.save(path)
