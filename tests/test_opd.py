@@ -69,6 +69,19 @@ def test_a_sample_without_teacher_log_probs_names_the_reward_function_that_store
     assert torch.equal(teacher_log_probs(samples)[0], torch.tensor([-1.0, -2.0]))
 
 
+def test_failed_samples_never_reached_the_teacher_and_get_no_penalty():
+    """A FAILED or infra-failed rollout is not scored (vime.rollout.group), so it has no teacher
+    log-probs; it keeps its advantages (its failure reward's, or 0) and stays out of the KL figure."""
+    failed = Sample(index=1, tokens=[1, 2, 3], response_length=2, status=Sample.Status.FAILED)
+    lost = Sample(index=2, tokens=[1, 2, 3], response_length=2, metadata={"infra_failure": "engine down"})
+    scored = Sample(index=3, tokens=[1, 2, 3], response_length=2, teacher_log_probs=[-1.0, -1.0])
+    teacher = teacher_log_probs([failed, lost, scored])
+    assert teacher[:2] == [None, None]
+    result = apply_opd([torch.full((2,), 0.5)] * 3, [torch.full((2,), -0.5)] * 3, teacher, [torch.ones(2)] * 3, 1.0)
+    assert [a.tolist() for a in result.advantages] == [[0.5, 0.5], [0.5, 0.5], [0.0, 0.0]]
+    assert result.metrics["opd_reverse_kl"] == 0.5 and result.metrics["opd_tokens"] == 2
+
+
 def test_teacher_log_probs_stay_aligned_with_the_response_and_round_trip_through_the_store(tmp_path):
     with pytest.raises(SampleError, match="teacher_log_probs has 1 entries but response_length=2"):
         Sample(tokens=[1, 2, 3], response_length=2, teacher_log_probs=[-1.0]).validate()

@@ -53,12 +53,16 @@ class OpdConfig:
         return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
-def teacher_log_probs(samples: Sequence[Sample]) -> list[torch.Tensor]:
-    """Each sample's `teacher_log_probs` as a float32 tensor; a sample without them is an error that
-    names it and the hook that should have stored them."""
-    out = []
+def teacher_log_probs(samples: Sequence[Sample]) -> list[torch.Tensor | None]:
+    """Each sample's `teacher_log_probs` as a float32 tensor. A failed sample (FAILED, or an infra
+    failure) never reached the reward function that stores them: None, and no penalty. Any other
+    sample without them is an error that names it and the hook that should have stored them."""
+    out: list[torch.Tensor | None] = []
     for s in samples:
         values = s.teacher_log_probs
+        if values is None and (s.status == Sample.Status.FAILED or (s.metadata or {}).get("infra_failure")):
+            out.append(None)
+            continue
         if values is None:
             raise ConfigError(
                 f"--use-opd: sample {s.index} (rollout {s.rollout_id!r}) has no teacher_log_probs; the reward "
@@ -88,9 +92,10 @@ class OpdResult:
     metrics: dict[str, float]
 
 
-def apply_opd(advantages: Sequence[torch.Tensor], student: Sequence[torch.Tensor], teacher: Sequence[torch.Tensor],
-              loss_masks: Sequence[torch.Tensor], coef: float) -> OpdResult:
-    """`advantage - coef * reverse_kl` per token, and the metrics the run prints.
+def apply_opd(advantages: Sequence[torch.Tensor], student: Sequence[torch.Tensor],
+              teacher: Sequence[torch.Tensor | None], loss_masks: Sequence[torch.Tensor], coef: float) -> OpdResult:
+    """`advantage - coef * reverse_kl` per token, and the metrics the run prints; a sample whose
+    teacher log-probs are None (a failed one) keeps its advantages and is left out of the metrics.
 
     `opd_reverse_kl` is the mean over the step's masked tokens (every token counts once, so a
     long response weighs more: it is the per-token KL of what the student wrote);
@@ -101,6 +106,9 @@ def apply_opd(advantages: Sequence[torch.Tensor], student: Sequence[torch.Tensor
                           f"log-prob tensors, {len(loss_masks)} loss masks: one each per sample")
     shaped, kl_sum, teacher_sum, count = [], 0.0, 0.0, 0.0
     for adv, s, t, m in zip(advantages, student, teacher, loss_masks):
+        if t is None:
+            shaped.append(adv.float().reshape(-1))
+            continue
         mask = m.float().reshape(-1)
         kl = reverse_kl(s.reshape(-1), t.reshape(-1), mask)
         shaped.append(adv.float().reshape(-1) - coef * kl)
