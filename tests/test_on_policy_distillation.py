@@ -37,15 +37,16 @@ def teacher_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactor
                         env={"VLLM_CPU_KVCACHE_SPACE": "1"},
                         log_path=tmp_path_factory.mktemp("vllm-teacher") / "vllm.log")
     try:
-        server.start()
-        student_dir(tiny_model_dir)  # the student's warm start (cached) builds while the teacher's server boots
-        yield server.wait_healthy()
+        server.start()  # boots while the student builds and, when it is not up yet, training_server boots
+        student_dir(tiny_model_dir)
+        yield server
     finally:
         server.stop()
 
 
-def test_the_students_reverse_kl_to_the_teacher_on_held_out_prompts_falls(training_server, teacher_server,
+def test_the_students_reverse_kl_to_the_teacher_on_held_out_prompts_falls(teacher_server, training_server,
                                                                            tmp_path):
+    teacher_server.wait_healthy()
     run_dir = tmp_path / "opd"
     env = {**os.environ, "VIME_LOG_FORMAT": "json", "VIME_LOG_LEVEL": "WARNING"}
     result = subprocess.run(

@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -78,8 +79,8 @@ def teacher_dir(base_model: str | Path) -> Path:
 def student_dir(base_model: str | Path) -> Path:
     """The cached student warm start for `base_model`: the same words, each upper or lower case at
     random. OPD needs a student whose samples the teacher can grade: from the random tiny model,
-    almost no sampled token is one the teacher would write (0.6% here), and the sampled reverse
-    KL then carries too little signal to move it in a short CPU run."""
+    almost no sampled token is one the teacher would write, and the sampled reverse KL then moved
+    nothing in a short CPU run (README: held-out KL 1.097 -> 1.087 in 16 steps)."""
     return finetuned_dir(base_model, "mixed")
 
 
@@ -113,13 +114,9 @@ def _build(base: Path, final: Path, style: str) -> None:
     result = run_sft(args, traces(str(base), BUILD["traces"], BUILD["seed"], style))
     print(f"[opd] fine-tuned {base.name} to answer in {style} case: SFT loss {result.first_loss:.2f} -> "
           f"{result.last_loss:.2f} in {result.steps} steps, {result.seconds:.0f} s")
-    if final.exists():
-        import shutil
-
+    if final.exists():  # an incomplete earlier build
         shutil.rmtree(final)
     os.rename(out, final)
-    import shutil
-
     shutil.rmtree(work, ignore_errors=True)
 
 
