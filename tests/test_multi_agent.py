@@ -26,10 +26,12 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.service import RPCError
 
 from examples.multi_agent import task
 from examples.multi_agent.activities import turn_record, turn_sample
 from examples.multi_agent.flags import MultiAgentFlags
+from examples.multi_agent.workflow import REWRITER, SELECTOR, SOLVERS, STORE
 from tests.conftest import engine_flags
 from vime.args import parse_args
 from vime.errors import ConfigError
@@ -210,9 +212,14 @@ def rollout_worker(tmp_path, vllm_server, tiny_model_dir, temporal_env):
 
 
 async def activity_runs(handle) -> list[tuple[str, int, int]]:
-    """(activity type, last attempt, pid of the worker that ran it) per scheduled activity, in order."""
+    """(activity type, last attempt, pid of the worker that ran it) per scheduled activity, in order;
+    nothing while the workflow has not started."""
     runs: dict[int, list] = {}
-    for e in (await handle.fetch_history()).events:
+    try:
+        history = await handle.fetch_history()
+    except RPCError:
+        return []
+    for e in history.events:
         if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             runs[e.event_id] = [e.activity_task_scheduled_event_attributes.activity_type.name, 0, 0]
         elif e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
@@ -227,12 +234,13 @@ async def test_kill_9_of_the_rollout_worker_resumes_after_the_last_finished_role
     inp = RolloutInput(worker.run_id, 0, 0, 0, heartbeat_seconds=5, n_samples_per_prompt=2)
     handle = await client.start_workflow("MultiAgentGroupWorkflow", inp, id=f"{worker.run_id}-rollout-0",
                                          task_queue=worker.queue, result_type=RolloutOutput)
+    rollout_0 = client.get_workflow_handle(f"{worker.run_id}-rollout-0-0")
     deadline = time.monotonic() + 180
-    while worker.stored_turns("0") < 1:  # rollout 0's solver is stored: its rewriter is sampling now
+    while REWRITER not in [kind for kind, _, _ in await activity_runs(rollout_0)]:  # the solvers are done
         assert time.monotonic() < deadline and worker.proc.poll() is None, worker.log.read_text()[-3000:]
         await asyncio.sleep(0.05)
     killed = worker.proc.pid
-    worker.proc.kill()  # SIGKILL: no cleanup of any kind
+    worker.proc.kill()  # SIGKILL mid-rewriter: no cleanup of any kind
     worker.proc.wait()
     assert worker.stored_turns("0") < 3, "the kill came after rollout 0's last role"
 
@@ -245,19 +253,19 @@ async def test_kill_9_of_the_rollout_worker_resumes_after_the_last_finished_role
             samples = store.read_rollout(worker.run_id, rid)
             assert [s.metadata["role"] for s in samples] == ["solver", "rewriter", "selector"]
             assert {s.rollout_id for s in samples} == {rid}
-            turns = store.read_turns(worker.run_id, rid)
-            assert [t.turn for t in turns] == [0, 1, 2]  # each role's turn stored once
-    runs = await activity_runs(client.get_workflow_handle(f"{worker.run_id}-rollout-0-0"))
-    kinds = [kind for kind, _, _ in runs]
-    assert kinds == ["multi_agent_solvers", "multi_agent_rewriter", "multi_agent_selector", "multi_agent_store"]
+            assert [t.turn for t in store.read_turns(worker.run_id, rid)] == [0, 1, 2]  # each role's turn once
+        markers = [t.meta["sample"]["metadata"]["sampled_by"] for t in store.read_turns(worker.run_id, "0")]
+    runs = await activity_runs(rollout_0)
+    assert [kind for kind, _, _ in runs] == [SOLVERS, REWRITER, SELECTOR, STORE]  # each scheduled once
     by = [pid for _, _, pid in runs]
     finished_before = by.index(restarted)  # the roles the killed worker finished, then the restarted one's
-    assert by == [killed] * finished_before + [restarted] * (4 - finished_before) and finished_before >= 1
+    assert finished_before >= 1 and by == [killed] * finished_before + [restarted] * (4 - finished_before), runs
     assert all(attempt == 1 for _, attempt, _ in runs[:finished_before]), runs  # never run again
-    with SampleStore.open(worker.run_dir) as store:
-        markers = [t.meta["sample"]["metadata"]["sampled_by"] for t in store.read_turns(worker.run_id, "0")]
-    assert all(m.endswith("#1") for m in markers[:finished_before]), markers
-    assert markers[finished_before].endswith(f"#{runs[finished_before][1]}"), (markers, runs)
+    assert all(m.endswith("#1") for m in markers[:finished_before]), markers  # sampled by their one attempt
+    in_flight_attempt = runs[finished_before][1]
+    # the role the kill interrupted: sampled by its retry, or (killed between storing its turn and
+    # reporting) by the killed attempt, whose stored turn the retry returned without sampling again
+    assert markers[finished_before].rsplit("#", 1)[1] in {"1", str(in_flight_attempt)}, (markers, runs)
 
 
 # ---- learning ---------------------------------------------------------------------------------
