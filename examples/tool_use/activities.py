@@ -12,6 +12,7 @@ from temporalio import activity
 
 from activities.errors import final_config_errors
 from activities.heartbeat import heartbeating
+from activities.store_calls import store_call
 from examples.tool_use.flags import tool_use_config
 from examples.tool_use.rollout import TurnLog, replay, reward, run_tool_rollout
 from examples.tool_use.tool import tool_sandbox
@@ -73,7 +74,7 @@ class ToolUseActivities:
         for rid, base in zip(ids, group):
             sample = await self._fresh(inp.position, base.index - group[0].index)
             sample.response_length, sample.loss_mask, sample.rollout_log_probs = 0, [], []
-            turns = TurnLog(self.store, inp.run_id, rid).read()
+            turns = await store_call(TurnLog(self.store, inp.run_id, rid).read)
             if not turns:
                 raise ConfigError(f"tool_use: rollout {rid} of group {inp.position} has no stored turn")
             replay(sample, turns)

@@ -32,9 +32,9 @@ def rl_flags(run_dir: Path, model: Path) -> list[str]:
         "--hf-checkpoint", str(model), "--prompt-data", str(run_dir / "prompts.jsonl"), "--input-key", "prompt",
         "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
         "--rollout-env", "tool_use", "--tool-max-turns", "2", "--tool-timeout", "5",
-        "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--num-rollout", "12",
+        "--rollout-batch-size", "16", "--n-samples-per-prompt", "4", "--num-rollout", "24",
         "--rollout-max-response-len", "48", "--rollout-temperature", "1.0",
-        "--advantage-estimator", "grpo", "--lr", "1e-3", "--adam-beta2", "0.99",
+        "--advantage-estimator", "grpo", "--lr", "2e-4", "--lr-warmup-iters", "3", "--adam-beta2", "0.99",
         "--run-dir", str(run_dir), "--vllm-max-model-len", "256",
     ]
 
@@ -78,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     from vime.testing.tiny_model import tiny_model_dir
 
     model = sft(run_dir, str(tiny_model_dir()), traces, sft_steps)
-    write_prompts(run_dir / "prompts.jsonl", problems(256, PROMPT_SEED))
+    seen = set(problems(traces, TRACE_SEED))
+    write_prompts(run_dir / "prompts.jsonl", [p for p in problems(320, PROMPT_SEED) if p not in seen][:256])
     try:
         args = parse_args(rl_flags(run_dir, model) + argv)
     except VimeError as e:
