@@ -77,6 +77,10 @@ def test_bad_tool_flags_are_one_line_naming_the_flag_before_anything_starts():
 # ---- a group through Temporal, with a scripted policy ------------------------------------------
 
 
+REPLIES = {"0": ["<code>while True: pass</code>", "Answer: 7"], "1": ["<code>print(12*34)</code>", "Answer: 408"]}
+SOLVED = "<code>print(12*34)</code><output>\n408\n</output>\nAnswer: 408<|im_end|>"
+
+
 class ScriptedPolicy:
     """Stands in for vLLM where what the model says must be chosen: rollout "0" writes code that
     hangs, rollout "1" writes the right code, and its engine dies once before its second turn.
@@ -96,7 +100,7 @@ class ScriptedPolicy:
             self.crashed = True
             self.calls.append((rid, "crash", list(ids)))
             raise ServiceError("the engine went away (scripted crash)")
-        text = [["<code>while True: pass</code>", "Answer: 7"], ["<code>print(12*34)</code>", "Answer: 408"]][int(rid)][turn]
+        text = REPLIES[rid][turn]
         self.calls.append((rid, turn, list(ids)))
         out = list(self.tokenizer.encode(text, add_special_tokens=False))
         if not text.endswith("</code>"):
@@ -140,7 +144,7 @@ async def test_a_hanging_rollout_is_an_observation_and_a_crashed_one_resumes_at_
     assert turns == [("1", 0), ("1", "crash"), ("1", 1)]
     crashed_on, resumed_on = [ids for rid, t, ids in policy.calls if rid == "1" and t in ("crash", 1)]
     assert crashed_on == resumed_on
-    assert solved.reward == 1.0 and solved.response == "<code>print(12*34)</code><output>\n408\n</output>\nAnswer: 408<|im_end|>"
+    assert solved.reward == 1.0 and solved.response == SOLVED
     # observation tokens are masked, with logprob 0; sampled tokens keep the engine's logprobs
     for s in (hung, solved):
         response = s.tokens[-s.response_length:]
