@@ -1,11 +1,14 @@
 """The coding-agent example end to end on CPU: SFT warm start, then RL through Temporal.
 
-    python -m examples.coding_agent_rl.run [--tasks N] [--sft-steps N] [vime train flags that override the defaults]
+    python -m examples.coding_agent_rl.run [--tasks N] [--sft-steps N] [--preset rl-gain] [vime train flags that override the defaults]
 
 See README.md in this directory. Writes everything to the run directory (default
 `runs/coding-agent-<time>/`): `traces.jsonl`, `sft-model/`, `prompts.jsonl`, the store, the
 Temporal database, `summary.txt`; prints one line per RL step and, at the end, the rollouts
 `temporal workflow list --query "RolloutStatus='completed'"` finds.
+
+`--preset rl-gain` (rl_gain.py) runs 20 RL steps on every training task each step and
+evaluates the checkpoints on training and held-out tasks: what RL adds after the warm start.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from examples.coding_agent_rl import rl_gain
 from examples.coding_agent_rl.gold_edits import write_prompts
 from examples.coding_agent_rl.sft_traces import write_traces
 from examples.coding_agent_rl.tasks.prepare import load_tasks
@@ -80,17 +84,22 @@ def _pop_option(argv: list[str], flag: str, default: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     configure_logging(level="WARNING")
     argv = list(sys.argv[1:] if argv is None else argv)
-    count = int(_pop_option(argv, "--tasks", "4"))
-    sft_steps = int(_pop_option(argv, "--sft-steps", "120"))
+    preset = _pop_option(argv, "--preset", "")
+    if preset not in ("", "rl-gain"):
+        raise SystemExit(f"--preset {preset!r}: the presets are 'rl-gain' (or none, the fast default)")
+    gain = preset == "rl-gain"
+    count = int(_pop_option(argv, "--tasks", str(rl_gain.TRAIN_TASKS) if gain else "4"))
+    sft_steps = int(_pop_option(argv, "--sft-steps", str(rl_gain.SFT_STEPS) if gain else "120"))
     run_dir = Path(argv[argv.index("--run-dir") + 1]) if "--run-dir" in argv else \
         Path("runs") / time.strftime("coding-agent-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
+    preset_flags = rl_gain.rl_flags(run_dir) if gain else []
     from vime.testing.tiny_model import tiny_model_dir
 
     tasks = load_tasks()
     model = sft(run_dir, str(tiny_model_dir()), tasks[:count], sft_steps)
     write_prompts(tasks[:count], run_dir / "prompts.jsonl")
-    args = parse_args(rl_flags(run_dir, model, count) + argv)
+    args = parse_args(rl_flags(run_dir, model, count) + preset_flags + argv)
     t0 = time.monotonic()
     resume = shlex.join([sys.executable, "-m", "examples.coding_agent_rl.run", *sys.argv[1:],
                          *([] if "--run-dir" in sys.argv else ["--run-dir", str(run_dir)])])
@@ -102,7 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             + " ".join(f"{r:.2f}" for r in rewards))
     (run_dir / "summary.txt").write_text(line + "\n")
     print(line)
-    print(list_rollouts(run_dir, "RolloutStatus='completed'"))
+    if gain:
+        rl_gain.report(run_dir, args, tasks, model, sft_steps, state.metrics)
+    else:
+        print(list_rollouts(run_dir, "RolloutStatus='completed'"))
     return 0
 
 
