@@ -3,7 +3,7 @@
     python -m examples.tool_use.run [--sft-steps N] [--traces N] [vime train flags that override the defaults]
 
 See README.md here. Everything goes to the run directory (default `runs/tool-use-<time>/`):
-`traces.jsonl`, `sft-model/`, `prompts.jsonl` (held-out problems: none is a trace's), the store,
+`sft-model` (a link to the cached warm start), `prompts.jsonl` (held-out problems: none is a trace's), the store,
 the Temporal database, `reward_curve.png` and `summary.txt`. Prints one line per RL step.
 """
 
@@ -25,6 +25,7 @@ from vime.log import configure_logging
 from vime.train.sft import load_sft_samples, run_sft
 
 TRACE_SEED, PROMPT_SEED = 1, 2
+SFT_BUILD = 1  # bump when the traces' format or the task changes: the cached warm start is rebuilt
 
 
 def rl_flags(run_dir: Path, model: Path) -> list[str]:
@@ -39,21 +40,34 @@ def rl_flags(run_dir: Path, model: Path) -> list[str]:
     ]
 
 
+SFT_LR, SFT_BATCH, SFT_SEED = 3e-3, 16, 1
+
+
 def sft(run_dir: Path, base_model: str, traces: int, steps: int) -> Path:
-    """Gold traces, then `vime sft` on them; returns the warm-started model (reused if there)."""
+    """The warm-started model: gold traces, then `vime sft` on them. Cached like the tiny model
+    (`$VIME_CACHE`, keyed by the base model and every setting of the build), so a second run, or
+    the test, skips the minutes of SFT; `run_dir/sft-model` links to it."""
+    from vime.testing.tiny_model import cached_build
+
+    def build(out: Path) -> None:
+        work = out.parent
+        path = work / "traces.jsonl"
+        t0 = time.monotonic()
+        n = asyncio.run(write_traces(base_model, path, problems(traces, TRACE_SEED)))
+        print(f"[tool-use] {n} gold traces (code run in the sandbox) in {time.monotonic() - t0:.0f} s")
+        args = parse_args(["--hf-checkpoint", base_model, "--sft-data", str(path), "--save", str(out),
+                           "--run-dir", str(work / "sft"), "--global-batch-size", str(SFT_BATCH),
+                           "--sft-num-steps", str(steps), "--lr", str(SFT_LR), "--seed", str(SFT_SEED)])
+        result = run_sft(args, load_sft_samples(path))
+        print(f"[tool-use] SFT: loss {result.first_loss:.3f} -> {result.last_loss:.4f} in {result.steps} steps "
+              f"({result.seconds:.0f} s)")
+
     out = run_dir / "sft-model"
-    if (out / "config.json").exists():
-        return out
-    path = run_dir / "traces.jsonl"
-    t0 = time.monotonic()
-    n = asyncio.run(write_traces(base_model, path, problems(traces, TRACE_SEED)))
-    print(f"[tool-use] {n} gold traces (code run in the sandbox) in {time.monotonic() - t0:.0f} s -> {path}")
-    args = parse_args(["--hf-checkpoint", base_model, "--sft-data", str(path), "--save", str(out),
-                       "--run-dir", str(run_dir / "sft"), "--global-batch-size", "16",
-                       "--sft-num-steps", str(steps), "--lr", "3e-3", "--seed", "1"])
-    result = run_sft(args, load_sft_samples(path))
-    print(f"[tool-use] SFT: loss {result.first_loss:.3f} -> {result.last_loss:.4f} in {result.steps} steps "
-          f"({result.seconds:.0f} s) -> {out}")
+    if not out.exists():
+        params = {"base": str(Path(base_model).resolve()), "traces": traces, "steps": steps, "lr": SFT_LR,
+                  "batch": SFT_BATCH, "seed": SFT_SEED, "trace_seed": TRACE_SEED, "build": SFT_BUILD}
+        out.symlink_to(cached_build("tool-use-sft", params, build))
+    print(f"[tool-use] warm start: {out} -> {out.resolve()}")
     return out
 
 

@@ -32,7 +32,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from vime.errors import ConfigError
@@ -417,3 +417,24 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def cached_build(name: str, params: dict, build: Callable[[Path], None]) -> Path:
+    """A model directory derived from others (a warm start, a teacher), cached like the tiny model
+    under `<cache>/<name>-<hash of params>`: `build(out)` writes it on first use, under a lock and
+    into a temporary directory renamed into place, so a killed build leaves nothing half-written."""
+    key = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    root = cache_root()
+    final = root / f"{name}-{key}"
+    if is_complete(final):
+        return final
+    root.mkdir(parents=True, exist_ok=True)
+    with _file_lock(root / f".{final.name}.lock"):
+        if not is_complete(final):
+            work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+            build(work / "model")
+            if final.exists():  # an incomplete earlier build
+                shutil.rmtree(final)
+            os.rename(work / "model", final)
+            shutil.rmtree(work, ignore_errors=True)
+    return final
