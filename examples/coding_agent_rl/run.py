@@ -3,7 +3,7 @@
     python -m examples.coding_agent_rl.run [--tasks N] [--sft-steps N] [--preset rl-gain] [vime train flags that override the defaults]
 
 See README.md in this directory. Writes everything to the run directory (default
-`runs/coding-agent-<time>/`): `traces.jsonl`, `sft-model/`, `prompts.jsonl`, the store, the
+`runs/coding-agent-<time>/`): `traces.jsonl`, `sft-model` (a link to the cached warm start), `prompts.jsonl`, the store, the
 Temporal database, `summary.txt`; prints one line per RL step and, at the end, the rollouts
 `temporal workflow list --query "RolloutStatus='completed'"` finds.
 
@@ -14,6 +14,7 @@ evaluates the checkpoints on training and held-out tasks: what RL adds after the
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import shlex
 import subprocess
 import sys
@@ -46,19 +47,33 @@ def rl_flags(run_dir: Path, model: Path, tasks: int) -> list[str]:
 
 
 def sft(run_dir: Path, base_model: str, tasks, steps: int) -> Path:
-    """Traces of every task, then `vime sft` on them; returns the warm-started model."""
+    """Traces of every task, then `vime sft` on them; returns the warm-started model. The model is
+    cached like the tiny model (`$VIME_CACHE`, keyed by the base model, the traces' bytes and the
+    SFT settings): the same warm start again costs the traces only. `run_dir/sft-model` links to it."""
+    from vime.testing.tiny_model import cached_build
+
     out = run_dir / "sft-model"
-    if (out / "config.json").exists():
+    if out.is_symlink() and not out.exists():  # the cache was cleared since
+        out.unlink()
+    if out.exists():
         return out
     traces = run_dir / "traces.jsonl"
     t0 = time.monotonic()
     n = asyncio.run(write_traces(base_model, traces, tasks))
     print(f"[coding-agent] {n} synthetic traces in {time.monotonic() - t0:.0f} s -> {traces}")
-    args = parse_args(["--hf-checkpoint", base_model, "--sft-data", str(traces), "--save", str(out),
-                       "--run-dir", str(run_dir / "sft"), "--global-batch-size", str(min(4, n)), "--sft-num-steps", str(steps), *SFT_FLAGS])
-    result = run_sft(args, load_sft_samples(traces))
-    print(f"[coding-agent] SFT: loss {result.first_loss:.3f} -> {result.last_loss:.4f} in {result.steps} steps "
-          f"({result.seconds:.0f} s) -> {out}")
+
+    def build(model: Path) -> None:
+        args = parse_args(["--hf-checkpoint", base_model, "--sft-data", str(traces), "--save", str(model),
+                           "--run-dir", str(model.parent / "sft"), "--global-batch-size", str(min(4, n)),
+                           "--sft-num-steps", str(steps), *SFT_FLAGS])
+        result = run_sft(args, load_sft_samples(traces))
+        print(f"[coding-agent] SFT: loss {result.first_loss:.3f} -> {result.last_loss:.4f} in {result.steps} steps "
+              f"({result.seconds:.0f} s)")
+
+    params = {"base": str(Path(base_model).resolve()), "traces": hashlib.sha256(traces.read_bytes()).hexdigest(),
+              "steps": steps, "batch": min(4, n), "flags": SFT_FLAGS}
+    out.symlink_to(cached_build("coding-agent-sft", params, build))
+    print(f"[coding-agent] warm start: {out} -> {out.resolve()}")
     return out
 
 

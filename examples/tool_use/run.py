@@ -63,6 +63,8 @@ def sft(run_dir: Path, base_model: str, traces: int, steps: int) -> Path:
               f"({result.seconds:.0f} s)")
 
     out = run_dir / "sft-model"
+    if out.is_symlink() and not out.exists():  # the cache was cleared since
+        out.unlink()
     if not out.exists():
         params = {"base": str(Path(base_model).resolve()), "traces": traces, "steps": steps, "lr": SFT_LR,
                   "batch": SFT_BATCH, "seed": SFT_SEED, "trace_seed": TRACE_SEED, "build": SFT_BUILD}
