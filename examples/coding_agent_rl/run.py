@@ -23,6 +23,7 @@ from pathlib import Path
 
 from examples.coding_agent_rl import rl_gain
 from examples.coding_agent_rl.gold_edits import write_prompts
+from examples.quickstart.run import pop_option
 from examples.coding_agent_rl.sft_traces import write_traces
 from examples.coding_agent_rl.tasks.prepare import load_tasks
 from vime.args import parse_args
@@ -86,25 +87,15 @@ def list_rollouts(run_dir: Path, query: str) -> str:
     return proc.stdout + proc.stderr
 
 
-def _pop_option(argv: list[str], flag: str, default: str) -> str:
-    """The example's own options (not vime flags): read and removed from `argv`."""
-    if flag not in argv:
-        return default
-    i = argv.index(flag)
-    value = argv[i + 1]
-    del argv[i:i + 2]
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     configure_logging(level="WARNING")
     argv = list(sys.argv[1:] if argv is None else argv)
-    preset = _pop_option(argv, "--preset", "")
+    preset = pop_option(argv, "--preset", "")
     if preset not in ("", "rl-gain"):
         raise SystemExit(f"--preset {preset!r}: the presets are 'rl-gain' (or none, the fast default)")
     gain = preset == "rl-gain"
-    count = int(_pop_option(argv, "--tasks", str(rl_gain.TRAIN_TASKS) if gain else "4"))
-    sft_steps = int(_pop_option(argv, "--sft-steps", str(rl_gain.SFT_STEPS) if gain else "120"))
+    count = int(pop_option(argv, "--tasks", str(rl_gain.TRAIN_TASKS) if gain else "4"))
+    sft_steps = int(pop_option(argv, "--sft-steps", str(rl_gain.SFT_STEPS) if gain else "120"))
     run_dir = Path(argv[argv.index("--run-dir") + 1]) if "--run-dir" in argv else \
         Path("runs") / time.strftime("coding-agent-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,16 @@ def default_flags(run_dir: Path, model: str) -> list[str]:
     ]
 
 
+def pop_option(argv: list[str], flag: str, default: str) -> str:
+    """An example's own option (not a vime flag, e.g. `--sft-steps`): read and removed from `argv`."""
+    if flag not in argv:
+        return default
+    i = argv.index(flag)
+    value = argv[i + 1]
+    del argv[i:i + 2]
+    return value
+
+
 def prepare(argv: list[str], name: str) -> tuple[Path, str]:
     """The run directory (`--run-dir`, or a new `runs/<name>-<time>`) with the prompts written in
     it, and the model (`--hf-checkpoint`, or the tiny test model, built once and cached)."""

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from examples.quickstart.run import summarize
+from examples.quickstart.run import pop_option, summarize
 from examples.tool_use.sft_traces import write_traces
 from examples.tool_use.task import problems, write_prompts
 from vime.args import parse_args
@@ -73,21 +73,11 @@ def sft(run_dir: Path, base_model: str, traces: int, steps: int) -> Path:
     return out
 
 
-def _pop_option(argv: list[str], flag: str, default: str) -> str:
-    """The example's own options (not vime flags): read and removed from `argv`."""
-    if flag not in argv:
-        return default
-    i = argv.index(flag)
-    value = argv[i + 1]
-    del argv[i:i + 2]
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     configure_logging(level="WARNING")
     argv = list(sys.argv[1:] if argv is None else argv)
-    sft_steps = int(_pop_option(argv, "--sft-steps", "150"))
-    traces = int(_pop_option(argv, "--traces", "512"))
+    sft_steps = int(pop_option(argv, "--sft-steps", "150"))
+    traces = int(pop_option(argv, "--traces", "512"))
     run_dir = Path(argv[argv.index("--run-dir") + 1]) if "--run-dir" in argv else \
         Path("runs") / time.strftime("tool-use-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
