@@ -6,6 +6,11 @@
   registered (start-up ~0.2 s; never a download);
 - `postgres_server`: a throwaway PostgreSQL cluster (tests/postgres.py), and `store_location`:
   each store test once on a SQLite run directory and once on a fresh PostgreSQL database.
+
+In parallel (`-n 2`, pytest-xdist, as `.ci/run` does) each worker has its own session: the tests
+that share a vLLM server are kept on one worker (`--dist loadgroup`), so each of those servers
+starts once and at most one set runs (they hold ~3 GB each); every other test goes to whichever
+worker is free.
 """
 
 from __future__ import annotations
@@ -19,6 +24,15 @@ import pytest_asyncio
 from vime.log import configure_logging
 
 configure_logging("console", "WARNING")
+
+SHARED_SERVERS = {"vllm_server", "training_server", "long_context_server"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """One xdist group for the tests on the session's vLLM servers (see the module's docstring)."""
+    for item in items:
+        if SHARED_SERVERS & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.xdist_group("shared-vllm-servers"))
 
 
 @pytest.fixture(scope="session")
@@ -120,6 +134,22 @@ def postgres_server() -> Iterator:
         yield server.start()
     finally:
         server.stop()
+
+
+@pytest.fixture
+def sandbox_base() -> Iterator[Path]:
+    """A directory of its own for a test's bubblewrap workdirs (`TMPDIR`), so that "no sandbox
+    left behind" is asked of this test's sandboxes, not of a test running beside it. Under /tmp
+    and traversable: the sandboxes run as `nobody`, and pytest's tmp_path is 0700."""
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="vime-test-sandboxes-"))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -4,6 +4,7 @@ reward out, through the real adapter, vLLM on the tiny model and bubblewrap sand
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,8 +28,9 @@ def _args(tmp_path: Path, server, model: Path, prompts: Path):
         "--agent-max-tokens", "16", "--run-dir", str(tmp_path / "run"), *engine_flags(server)])
 
 
-async def test_a_group_of_agent_rollouts_comes_back_as_fanned_out_graded_samples(tmp_path, vllm_server, tiny_model_dir):
-    sandboxes_before = set(Path("/tmp").glob("vime-sbx-*"))
+async def test_a_group_of_agent_rollouts_comes_back_as_fanned_out_graded_samples(
+        tmp_path, vllm_server, tiny_model_dir, sandbox_base, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(sandbox_base))  # where the sandboxes' workdirs go
     args = _args(tmp_path, vllm_server, tiny_model_dir, write_prompts(load_tasks()[:1], tmp_path / "prompts.jsonl"))
     group = make_data_source(args).prompt_group(0)
 
@@ -42,7 +44,7 @@ async def test_a_group_of_agent_rollouts_comes_back_as_fanned_out_graded_samples
         assert siblings[-1].metadata["grade"]["outcome"] in ("empty_diff", "tests_failed", "patch_failed")
         assert sum(len(s.metadata["turns"]) for s in siblings) == 3
         assert all(s.loss_mask and len(s.loss_mask) == s.response_length for s in siblings)
-    assert set(Path("/tmp").glob("vime-sbx-*")) <= sandboxes_before
+    assert not list(sandbox_base.glob("vime-sbx-*"))  # no sandbox left behind
 
 
 async def test_a_prompt_that_is_not_a_coding_task_is_a_clear_error(tmp_path, vllm_server, tiny_model_dir):
