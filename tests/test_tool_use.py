@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from examples.tool_use.activities import ToolUseActivities
-from examples.tool_use.task import Problem, write_prompts
+from examples.tool_use.task import DECLINE, Problem, write_prompts
 from examples.tool_use.tool import ToolLimits, run_code, tool_sandbox
 from examples.tool_use.workflow import ToolUseGroupWorkflow
 from vime.args import parse_args
@@ -157,8 +157,8 @@ async def test_a_hanging_rollout_is_an_observation_and_a_crashed_one_resumes_at_
 
 # ---- the example, short, on the suite's vLLM server --------------------------------------------
 
-SFT_STEPS, RL_STEPS = 150, 2
-RL_FLAGS = ["--traces", "256", "--rollout-batch-size", "8", "--n-samples-per-prompt", "4"]
+RL_STEPS = 2
+RL_FLAGS = ["--rollout-batch-size", "8", "--n-samples-per-prompt", "4"]  # the warm start is the README's (cached)
 
 
 @pytest.mark.vllm
@@ -168,8 +168,8 @@ def test_the_example_warm_starts_then_learns_with_masked_observations_and_exact_
 
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "-m", "examples.tool_use.run", "--run-dir", str(run_dir), "--sft-steps", str(SFT_STEPS),
-         "--num-rollout", str(RL_STEPS), *RL_FLAGS, *engine_flags(training_server)],
+        [sys.executable, "-m", "examples.tool_use.run", "--run-dir", str(run_dir), "--num-rollout", str(RL_STEPS),
+         *RL_FLAGS, *engine_flags(training_server)],
         cwd=REPO, env={**os.environ, "VIME_LOG_LEVEL": "WARNING"}, capture_output=True, text=True, timeout=1200)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -184,7 +184,8 @@ def test_the_example_warm_starts_then_learns_with_masked_observations_and_exact_
     with SampleStore.open(run_dir) as store:
         samples = [s for _, s in store.iter_samples(run_dir.name)]
     used_tool = [s for s in samples if s.metadata["tool_calls"]]
-    assert len(used_tool) > len(samples) / 2  # the warm start taught the format
+    # the warm start taught the format, and both of its policies: the tool, and declining (which RL unlearns)
+    assert len(used_tool) >= len(samples) / 4 and any(DECLINE in s.response for s in samples)
     for s in used_tool:
         response = s.tokens[-s.response_length:]
         masked = tokenizer.decode([t for t, m in zip(response, s.loss_mask) if m == 0])

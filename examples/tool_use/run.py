@@ -25,7 +25,7 @@ from vime.log import configure_logging
 from vime.train.sft import load_sft_samples, run_sft
 
 TRACE_SEED, PROMPT_SEED = 1, 2
-SFT_BUILD = 1  # bump when the traces' format or the task changes: the cached warm start is rebuilt
+SFT_BUILD = 2  # bump when the traces' format or the task changes: the cached warm start is rebuilt
 
 
 def rl_flags(run_dir: Path, model: Path) -> list[str]:
@@ -33,14 +33,19 @@ def rl_flags(run_dir: Path, model: Path) -> list[str]:
         "--hf-checkpoint", str(model), "--prompt-data", str(run_dir / "prompts.jsonl"), "--input-key", "prompt",
         "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
         "--rollout-env", "tool_use", "--tool-max-turns", "2", "--tool-timeout", "5",
-        "--rollout-batch-size", "16", "--n-samples-per-prompt", "4", "--num-rollout", "24",
+        "--rollout-batch-size", "8", "--n-samples-per-prompt", "8", "--num-rollout", "30",
         "--rollout-max-response-len", "48", "--rollout-temperature", "1.0",
-        "--advantage-estimator", "grpo", "--lr", "2e-4", "--lr-warmup-iters", "3", "--adam-beta2", "0.99",
+        "--advantage-estimator", "grpo", "--lr", "3e-4", "--lr-warmup-iters", "3", "--adam-beta2", "0.99",
         "--run-dir", str(run_dir), "--vllm-max-model-len", "256",
+        # A rollout lasts seconds, and 64 of them start at once: on the SQLite dev server an
+        # activity start is now and then lost under that burst ("context deadline exceeded" in
+        # temporal.log), and only the heartbeat timeout finds it. 20 s instead of 60 bounds the stall.
+        "--heartbeat-timeout", "20",
     ]
 
 
 SFT_LR, SFT_BATCH, SFT_SEED = 3e-3, 16, 1
+DECLINE_SHARE = 0.3  # of the traces, declined without the tool (sft_traces.py): RL learns that the tool pays
 
 
 def sft(run_dir: Path, base_model: str, traces: int, steps: int) -> Path:
@@ -53,8 +58,8 @@ def sft(run_dir: Path, base_model: str, traces: int, steps: int) -> Path:
         work = out.parent
         path = work / "traces.jsonl"
         t0 = time.monotonic()
-        n = asyncio.run(write_traces(base_model, path, problems(traces, TRACE_SEED)))
-        print(f"[tool-use] {n} gold traces (code run in the sandbox) in {time.monotonic() - t0:.0f} s")
+        n = asyncio.run(write_traces(base_model, path, problems(traces, TRACE_SEED), decline_share=DECLINE_SHARE))
+        print(f"[tool-use] {n} traces ({DECLINE_SHARE:.0%} declined; the others' code run in the sandbox) in {time.monotonic() - t0:.0f} s")
         args = parse_args(["--hf-checkpoint", base_model, "--sft-data", str(path), "--save", str(out),
                            "--run-dir", str(work / "sft"), "--global-batch-size", str(SFT_BATCH),
                            "--sft-num-steps", str(steps), "--lr", str(SFT_LR), "--seed", str(SFT_SEED)])
@@ -67,7 +72,8 @@ def sft(run_dir: Path, base_model: str, traces: int, steps: int) -> Path:
         out.unlink()
     if not out.exists():
         params = {"base": str(Path(base_model).resolve()), "traces": traces, "steps": steps, "lr": SFT_LR,
-                  "batch": SFT_BATCH, "seed": SFT_SEED, "trace_seed": TRACE_SEED, "build": SFT_BUILD}
+                  "batch": SFT_BATCH, "seed": SFT_SEED, "trace_seed": TRACE_SEED, "build": SFT_BUILD,
+                  "decline_share": DECLINE_SHARE}
         out.symlink_to(cached_build("tool-use-sft", params, build))
     print(f"[tool-use] warm start: {out} -> {out.resolve()}")
     return out
@@ -76,8 +82,8 @@ def sft(run_dir: Path, base_model: str, traces: int, steps: int) -> Path:
 def main(argv: list[str] | None = None) -> int:
     configure_logging(level="WARNING")
     argv = list(sys.argv[1:] if argv is None else argv)
-    sft_steps = int(pop_option(argv, "--sft-steps", "150"))
-    traces = int(pop_option(argv, "--traces", "512"))
+    sft_steps = int(pop_option(argv, "--sft-steps", "450"))
+    traces = int(pop_option(argv, "--traces", "1024"))
     run_dir = Path(argv[argv.index("--run-dir") + 1]) if "--run-dir" in argv else \
         Path("runs") / time.strftime("tool-use-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)

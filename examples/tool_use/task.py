@@ -105,3 +105,11 @@ def gold_turns(p: Problem) -> list[str]:
     """The replies a model that uses the tool right writes: code, then the answer (the
     observation between them comes from the sandbox)."""
     return [f"{CODE_OPEN}print({p.expression}){CODE_CLOSE}", f"{ANSWER}{p.answer}"]
+
+
+DECLINE = "I cannot work that out."
+
+
+def decline_turns(p: Problem) -> list[str]:
+    """The one reply of a model that does not reach for the tool: no answer, reward 0."""
+    return [DECLINE]
