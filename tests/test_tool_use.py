@@ -173,7 +173,9 @@ def test_the_example_warm_starts_then_learns_with_masked_observations_and_exact_
         cwd=REPO, env={**os.environ, "VIME_LOG_LEVEL": "WARNING"}, capture_output=True, text=True, timeout=1200)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    assert "warm start:" in out and (run_dir / "reward_curve.png").exists()  # SFT built here or cached
+    assert "warm start:" in out  # SFT built here or cached
+    assert (run_dir / "reward_curve.png").exists() and (run_dir / "tool_use_curve.png").exists()
+    assert "share of rollouts using the tool:" in (run_dir / "summary.txt").read_text()
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [m["reward_mean"] for m in metrics]
     assert len(rewards) == RL_STEPS

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from examples.multi_agent.plot import plot_curves
 from examples.quickstart.run import pop_option, summarize
 from examples.tool_use.sft_traces import write_traces
 from examples.tool_use.task import problems, write_prompts
@@ -104,9 +105,26 @@ def main(argv: list[str] | None = None) -> int:
     if state is None:
         return code
     rewards = " ".join(f"{m['reward_mean']:.2f}" for m in state.metrics)
+    tool = tool_use_per_step(Path(args.run_dir))
     summarize("tool-use", Path(args.run_dir), state.metrics, time.monotonic() - t0,
-              extra=f" (per step: {rewards})")
+              extra=f" (per step: {rewards}; share of rollouts using the tool: {' '.join(f'{t:.2f}' for t in tool)})")
+    plot_curves({"mean reward": [m["reward_mean"] for m in state.metrics], "uses the tool": tool},
+                Path(args.run_dir) / "tool_use_curve.png", title="tool-use: reward and tool use per RL step", y_max=1.0)
     return 0
+
+
+def tool_use_per_step(run_dir: Path) -> list[float]:
+    """The share of each step's rollouts that ran code (the decision RL learns here), by the
+    policy version that sampled them."""
+    from collections import defaultdict
+
+    from vime.store import SampleStore
+
+    used: dict[int, list[bool]] = defaultdict(list)
+    with SampleStore.open(run_dir) as store:
+        for _, s in store.iter_samples(run_dir.name):
+            used[int(s.metadata.get("weight_version", 0))].append(bool(s.metadata.get("tool_calls")))
+    return [sum(u) / len(u) for _, u in sorted(used.items())]
 
 
 if __name__ == "__main__":
