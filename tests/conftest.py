@@ -26,13 +26,24 @@ from vime.log import configure_logging
 configure_logging("console", "WARNING")
 
 SHARED_SERVERS = {"vllm_server", "training_server", "long_context_server"}
+SHARED_GROUP = "shared-vllm-servers"
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """One xdist group for the tests on the session's vLLM servers (see the module's docstring)."""
+    """One xdist group for the tests on the session's vLLM servers (see the module's docstring).
+
+    pytest-xdist 3.8 sends a group to one worker by suffixing the test's node id with `@group`
+    (`item._nodeid`), an attribute pytest 9.2 no longer reads (its id is `item._id`): with
+    `--dist loadgroup` the suffix is set here, as xdist means it to be."""
+    from _pytest.nodeid import NodeId
+
+    loadgroup = getattr(config.option, "loadgroup", False)  # set in xdist's workers
     for item in items:
         if SHARED_SERVERS & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("shared-vllm-servers"))
+            item.add_marker(pytest.mark.xdist_group(SHARED_GROUP))
+            if loadgroup and "@" not in item.nodeid:
+                item._id = NodeId.parse(f"{item.nodeid}@{SHARED_GROUP}")
 
 
 @pytest.fixture(scope="session")
