@@ -260,8 +260,12 @@ async def test_kill_9_of_the_rollout_worker_resumes_after_the_last_finished_role
     by = [pid for _, _, pid in runs]
     finished_before = by.index(restarted)  # the roles the killed worker finished, then the restarted one's
     assert finished_before >= 1 and by == [killed] * finished_before + [restarted] * (4 - finished_before), runs
-    assert all(attempt == 1 for _, attempt, _ in runs[:finished_before]), runs  # never run again
-    assert all(m.endswith("#1") for m in markers[:finished_before]), markers  # sampled by their one attempt
+    # never run again after the kill: each finished role's turn was sampled by an attempt on the
+    # killed worker, no later than the one that finished it. (An attempt before the kill may be a
+    # retry: on a loaded machine the dev server can lose an activity's start, or a 5 s heartbeat
+    # is missed; the turn is still stored once, as checked above.)
+    for (_, attempt, _), marker in zip(runs[:finished_before], markers[:finished_before]):
+        assert 1 <= int(marker.rsplit("#", 1)[1]) <= attempt, (markers, runs)
     in_flight_attempt = runs[finished_before][1]
     # the role the kill interrupted: sampled by its retry, or (killed between storing its turn and
     # reporting) by the killed attempt, whose stored turn the retry returned without sampling again
