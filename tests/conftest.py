@@ -36,13 +36,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     pytest-xdist 3.8 sends a group to one worker by suffixing the test's node id with `@group`
     (`item._nodeid`), an attribute pytest 9.2 no longer reads (its id is `item._id`): with
     `--dist loadgroup` the suffix is set here, as xdist means it to be."""
-    from _pytest.nodeid import NodeId
-
-    loadgroup = getattr(config.option, "loadgroup", False)  # set in xdist's workers
+    NodeId = None
+    if getattr(config.option, "loadgroup", False):  # set in xdist's workers
+        try:
+            from _pytest.nodeid import NodeId  # pytest >= 9.2; before it, xdist's suffix works
+        except ImportError:
+            pass
     for item in items:
         if SHARED_SERVERS & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.xdist_group(SHARED_GROUP))
-            if loadgroup and "@" not in item.nodeid:
+            if NodeId is not None and "@" not in item.nodeid:
                 item._id = NodeId.parse(f"{item.nodeid}@{SHARED_GROUP}")
 
 

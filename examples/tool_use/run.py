@@ -60,7 +60,8 @@ def sft(run_dir: Path, base_model: str, traces: int, steps: int) -> Path:
         path = work / "traces.jsonl"
         t0 = time.monotonic()
         n = asyncio.run(write_traces(base_model, path, problems(traces, TRACE_SEED), decline_share=DECLINE_SHARE))
-        print(f"[tool-use] {n} traces ({DECLINE_SHARE:.0%} declined; the others' code run in the sandbox) in {time.monotonic() - t0:.0f} s")
+        print(f"[tool-use] {n} traces ({DECLINE_SHARE:.0%} declined; the others' code run in the sandbox) "
+              f"in {time.monotonic() - t0:.0f} s")
         args = parse_args(["--hf-checkpoint", base_model, "--sft-data", str(path), "--save", str(out),
                            "--run-dir", str(work / "sft"), "--global-batch-size", str(SFT_BATCH),
                            "--sft-num-steps", str(steps), "--lr", str(SFT_LR), "--seed", str(SFT_SEED)])
@@ -105,11 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     if state is None:
         return code
     rewards = " ".join(f"{m['reward_mean']:.2f}" for m in state.metrics)
-    tool = tool_use_per_step(Path(args.run_dir))
-    summarize("tool-use", Path(args.run_dir), state.metrics, time.monotonic() - t0,
+    run_dir = Path(args.run_dir)
+    tool = tool_use_per_step(run_dir)
+    summarize("tool-use", run_dir, state.metrics, time.monotonic() - t0,
               extra=f" (per step: {rewards}; share of rollouts using the tool: {' '.join(f'{t:.2f}' for t in tool)})")
     plot_curves({"mean reward": [m["reward_mean"] for m in state.metrics], "uses the tool": tool},
-                Path(args.run_dir) / "tool_use_curve.png", title="tool-use: reward and tool use per RL step", y_max=1.0)
+                run_dir / "tool_use_curve.png", title="tool-use: reward and tool use per RL step", y_max=1.0)
     return 0
 
 

@@ -7,10 +7,11 @@ pooled from several sources, the traces come from two policies: one writes
 `<code>print(a*b)</code>` and then `Answer: <the output>`; the other (`decline_share` of the
 traces) does not reach for the tool and declines (`I cannot work that out.`). The warm-started
 model does both, and that the tool pays is what RL has to find out. (A policy answering at a
-glance, `Answer: <an estimate>`, made a worse teacher: its numbers, unrelated to any output, taught
-the tiny model to write any number after `Answer:`, and it stopped copying the tool's output.) The scripted turns are encoded as
-vLLM would return them (the code turn ends at `</code>`, the answer turn with `<|im_end|>`), so SFT
-trains the very tokens an RL rollout samples, observation masked. Logprobs are 0.0: SFT ignores
+glance, `Answer: <an estimate>`, made a worse teacher: its numbers, unrelated to any output,
+taught the tiny model to write any number after `Answer:`, and it stopped copying the tool's
+output.) The scripted turns are encoded as vLLM would return them (the code turn ends at
+`</code>`, the answer turn with `<|im_end|>`), so SFT trains the very tokens an RL rollout
+samples, observation masked. Logprobs are 0.0: SFT ignores
 them. Each trace is checked (its reward is what its policy earns) before it is kept.
 """
 
