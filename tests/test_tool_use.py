@@ -155,6 +155,17 @@ async def test_a_hanging_rollout_is_an_observation_and_a_crashed_one_resumes_at_
         assert all(lp == (-0.5 if m else 0.0) for lp, m in zip(s.rollout_log_probs, s.loss_mask))
 
 
+@pytest.mark.parametrize("argv, error", [
+    (["--sft-steps", "abc"], "error: --sft-steps abc: expected a whole number"),
+    (["--traces"], "error: --traces needs a value"),
+])
+def test_a_bad_option_of_the_example_is_one_line_before_anything_starts(argv, error, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "examples.tool_use.run", "--run-dir", str(tmp_path / "run"), *argv],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == error, proc.stderr[-2000:]
+    assert not (tmp_path / "run").exists()  # nothing made, nothing started
+
+
 # ---- the example, short, on the suite's vLLM server --------------------------------------------
 
 RL_STEPS = 2

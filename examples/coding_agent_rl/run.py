@@ -94,8 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     if preset not in ("", "rl-gain"):
         raise SystemExit(f"--preset {preset!r}: the presets are 'rl-gain' (or none, the fast default)")
     gain = preset == "rl-gain"
-    count = int(pop_option(argv, "--tasks", str(rl_gain.TRAIN_TASKS) if gain else "4"))
-    sft_steps = int(pop_option(argv, "--sft-steps", str(rl_gain.SFT_STEPS) if gain else "120"))
+    count = pop_option(argv, "--tasks", str(rl_gain.TRAIN_TASKS) if gain else "4", int)
+    sft_steps = pop_option(argv, "--sft-steps", str(rl_gain.SFT_STEPS) if gain else "120", int)
     run_dir = Path(argv[argv.index("--run-dir") + 1]) if "--run-dir" in argv else \
         Path("runs") / time.strftime("coding-agent-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -46,14 +46,22 @@ def default_flags(run_dir: Path, model: str) -> list[str]:
     ]
 
 
-def pop_option(argv: list[str], flag: str, default: str) -> str:
-    """An example's own option (not a vime flag, e.g. `--sft-steps`): read and removed from `argv`."""
-    if flag not in argv:
-        return default
-    i = argv.index(flag)
-    value = argv[i + 1]
-    del argv[i:i + 2]
-    return value
+def pop_option(argv: list[str], flag: str, default: str, kind: type = str):
+    """An example's own option (not a vime flag, e.g. `--sft-steps`): read and removed from `argv`,
+    as `kind`. A missing or malformed value is one line on stderr and exit 2, before anything starts."""
+    value = default
+    if flag in argv:
+        i = argv.index(flag)
+        if i + 1 >= len(argv):
+            print(f"error: {flag} needs a value", file=sys.stderr)
+            raise SystemExit(2)
+        value = argv[i + 1]
+        del argv[i:i + 2]
+    try:
+        return kind(value)
+    except ValueError:
+        print(f"error: {flag} {value}: expected {'a whole number' if kind is int else kind.__name__}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def prepare(argv: list[str], name: str) -> tuple[Path, str]:

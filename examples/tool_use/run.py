@@ -84,8 +84,8 @@ def sft(run_dir: Path, base_model: str, traces: int, steps: int) -> Path:
 def main(argv: list[str] | None = None) -> int:
     configure_logging(level="WARNING")
     argv = list(sys.argv[1:] if argv is None else argv)
-    sft_steps = int(pop_option(argv, "--sft-steps", "450"))
-    traces = int(pop_option(argv, "--traces", "1024"))
+    sft_steps = pop_option(argv, "--sft-steps", "450", int)
+    traces = pop_option(argv, "--traces", "1024", int)
     run_dir = Path(argv[argv.index("--run-dir") + 1]) if "--run-dir" in argv else \
         Path("runs") / time.strftime("tool-use-%Y%m%d-%H%M%S")
     run_dir.mkdir(parents=True, exist_ok=True)
