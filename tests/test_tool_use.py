@@ -155,6 +155,38 @@ async def test_a_hanging_rollout_is_an_observation_and_a_crashed_one_resumes_at_
         assert all(lp == (-0.5 if m else 0.0) for lp, m in zip(s.rollout_log_probs, s.loss_mask))
 
 
+@pytest.mark.temporal
+async def test_a_rollout_worker_starting_removes_the_sandboxes_a_worker_killed_with_sigkill_left(
+        temporal_env, tiny_model_dir, tmp_path, sandbox_base):
+    # kill -9 of a tool-use rollout worker left its in-flight sandboxes' workdirs in /tmp (a drill
+    # found 21); the next rollout worker, of any environment, removes those of dead processes
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    stale = sandbox_base / f"vime-sbx-{gone.pid}-0123456789ab"
+    (stale / "workspace").mkdir(parents=True)
+    live = sandbox_base / f"vime-sbx-{os.getpid()}-ba9876543210"  # a running process's: kept
+    (live / "workspace").mkdir(parents=True)
+    log = tmp_path / "worker.log"
+    argv = [sys.executable, "-m", "workers.rollout", "--hf-checkpoint", str(tiny_model_dir),
+            "--prompt-data", str(write_prompts(tmp_path / "prompts.jsonl", [Problem(12, "*", 34)])),
+            "--input-key", "prompt", "--label-key", "label", "--rollout-env", "tool_use",
+            "--run-dir", str(tmp_path / "run"), "--rollout-task-queue", f"q-{uuid.uuid4().hex[:8]}",
+            "--temporal-address", temporal_env.client.service_client.config.target_host,
+            "--vllm-router-ip", "127.0.0.1", "--vllm-router-port", "9"]
+    with open(log, "w") as out:
+        worker = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                  env={**os.environ, "TMPDIR": str(sandbox_base)})
+    try:
+        deadline = time.monotonic() + 180
+        while "worker rollout ready" not in log.read_text():
+            assert time.monotonic() < deadline and worker.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.5)
+        assert not stale.exists() and live.exists()
+    finally:
+        worker.terminate()
+        worker.wait(60)
+
+
 @pytest.mark.parametrize("argv, error", [
     (["--sft-steps", "abc"], "error: --sft-steps abc: expected a whole number"),
     (["--traces"], "error: --traces needs a value"),

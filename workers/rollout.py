@@ -49,6 +49,9 @@ async def serve(args) -> None:
         activities = [acts.register_run, acts.generate_group, acts.generate_rollout_step, *StepActivities(store).all(),
                       MetricsActivities(acts.runs).record_metrics]
         env = load_environment(args.rollout_env)
+        if args.sandbox_backend == "bwrap":  # any environment's sandboxes (agent
+            from vime.sandbox.bwrap import reap_stale_workdirs  # sessions, tool calls) left by a
+            reap_stale_workdirs()  # worker killed with SIGKILL: gone before this one boots its own
         workflows = [TrainingWorkflow, RolloutWorkflow]
         workflows += [w for w in workflow_classes(env) if w not in workflows]
         extra = resolve(env.activities, "activities", env)(EnvContext(args, store, client)) if env.activities else None

@@ -138,12 +138,9 @@ def start(ctx: EnvContext) -> EnvWorkers:
     from temporalio.worker import Worker
 
     from vime.envs.coding_agent.sandbox_activities import SandboxActivities
-    from vime.sandbox.bwrap import reap_stale_workdirs
 
     sandboxes = SandboxActivities(ctx.args, ctx.store)
     agents = CodingAgentActivities(ctx.args, ctx.store)
-    if ctx.args.sandbox_backend == "bwrap":  # workdirs of workers killed with SIGKILL
-        reap_stale_workdirs()
     workers = [
         Worker(ctx.client, task_queue=ctx.args.sandbox_task_queue, activities=sandboxes.on_sandbox_queue(),
                max_concurrent_activities=64),
