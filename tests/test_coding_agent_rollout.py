@@ -114,14 +114,12 @@ class Worker:
 
 
 @pytest.fixture
-def worker(tmp_path, vllm_server, tiny_model_dir, temporal_env):
-    # the worker's sandboxes live here (its TMPDIR): readable by the sandbox user, unlike tmp_path
-    base = Path(tempfile.mkdtemp(prefix="vime-test-sbx-"))
-    base.chmod(0o755)
-    w = Worker(tmp_path, vllm_server, tiny_model_dir, temporal_env.client.service_client.config.target_host, base)
+def worker(tmp_path, vllm_server, tiny_model_dir, temporal_env, sandbox_base):
+    # the worker's sandboxes live in sandbox_base (its TMPDIR; see tests/conftest.py)
+    w = Worker(tmp_path, vllm_server, tiny_model_dir, temporal_env.client.service_client.config.target_host,
+               sandbox_base)
     yield w
     w.stop()
-    shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
