@@ -18,8 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from examples.multi_agent.plot import plot_curves
 from examples.multi_agent.task import ROLES
+from examples.quickstart.plot import plot_curves
 from vime.args import parse_args
 from vime.errors import VimeError
 from vime.launch import run_to_end

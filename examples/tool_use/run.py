@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from examples.multi_agent.plot import plot_curves
+from examples.quickstart.plot import plot_curves
 from examples.quickstart.run import pop_option, summarize
 from examples.tool_use.sft_traces import write_traces
 from examples.tool_use.task import problems, write_prompts
