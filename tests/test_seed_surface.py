@@ -34,6 +34,17 @@ def seed_import(module: str, name: str, sentence: str):
         pytest.fail(f"{seed(sentence)}: from {module} import {name}: {type(exc).__name__}: {exc}")
 
 
+def seed_parse(argv: list[str], sentence: str):
+    """vime's flags parsed as a user's command line, failing with the seed's sentence on refusal."""
+    from vime.args import parse_args
+    from vime.errors import ConfigError
+
+    try:
+        return parse_args(argv)
+    except ConfigError as exc:
+        pytest.fail(f"{seed(sentence)}: {' '.join(argv)}: {exc}")
+
+
 ADAPTERS = ("vime.agent.adapters.AnthropicAdapter: Anthropic Messages API ... "
             "vime.agent.adapters.OpenAIAdapter: OpenAI Chat Completions and Responses APIs")
 SANDBOXES = ("The coding-agent example ships vime.agent.sandbox.E2BSandbox ... the provider-neutral "
@@ -108,7 +119,10 @@ async def test_the_adapter_is_used_as_the_seed_shows(tiny_model_dir, recording_p
     assert isinstance(adapter.app, web.Application), seed("Agent client sends requests to adapter.app.")
 
     session_id = "seed-session-1"
-    adapter.open_session(session_id, sampling_defaults={"max_tokens": 8, "temperature": 1.0, "seed": 0})
+    try:
+        adapter.open_session(session_id, sampling_defaults={"max_tokens": 8, "temperature": 1.0, "seed": 0})
+    except TypeError as exc:
+        pytest.fail(f"{seed('adapter.open_session(session_id, sampling_defaults=sampling_params)')}: {exc}")
     client = TestClient(TestServer(adapter.app))
     await client.start_server()
     try:
@@ -146,11 +160,11 @@ def test_the_hook_flags_reach_their_hooks():
     from vime.args import parse_args
     from vime.plugins import load_hook
 
-    args = parse_args([
+    args = seed_parse([
         "--custom-generate-function-path", "vime.rollout.generate.generate",
         "--custom-rm-path", "vime.rollout.on_policy_distillation.reward_func",
         "--rollout-function-path", "vime.rollout.vllm_rollout.generate_rollout",
-    ])
+    ], "--custom-generate-function-path ... --custom-rm-path ... --rollout-function-path")
     for dest, flag in (("custom_generate_function_path", "--custom-generate-function-path"),
                        ("custom_rm_path", "--custom-rm-path"),
                        ("rollout_function_path", "--rollout-function-path")):
@@ -163,12 +177,11 @@ def test_the_hook_flags_reach_their_hooks():
 
 
 def test_vllm_flags_are_forwarded_as_the_seed_spells_them():
-    from vime.args import parse_args
 
-    args = parse_args(["--vllm-max-model-len", "2048", "--vllm-gpu-memory-utilization", "0.3"])
-    assert args.vllm_server_args == ["--max-model-len", "2048", "--gpu-memory-utilization", "0.3"], seed(
-        "vLLM's --max-model-len becomes --vllm-max-model-len, and --gpu-memory-utilization becomes "
-        "--vllm-gpu-memory-utilization")
+    sentence = ("vLLM's --max-model-len becomes --vllm-max-model-len, and --gpu-memory-utilization becomes "
+                "--vllm-gpu-memory-utilization")
+    args = seed_parse(["--vllm-max-model-len", "2048", "--vllm-gpu-memory-utilization", "0.3"], sentence)
+    assert args.vllm_server_args == ["--max-model-len", "2048", "--gpu-memory-utilization", "0.3"], seed(sentence)
 
 
 def test_router_policy_is_a_router_flag_with_cache_aware_by_default():
@@ -176,13 +189,12 @@ def test_router_policy_is_a_router_flag_with_cache_aware_by_default():
 
     assert parse_args([]).router_policy == "cache_aware", seed(
         "otherwise, vime uses the default cache_aware policy")
-    args = parse_args(["--router-policy", "consistent_hash"])
+    args = seed_parse(["--router-policy", "consistent_hash"], "set --router-policy consistent_hash")
     assert args.router_policy == "consistent_hash" and args.router_args[:2] == ["--policy", "consistent_hash"], seed(
         "set --router-policy consistent_hash so requests for the same sample.session_id go to the same worker")
 
 
 def test_vllm_config_describes_the_topology(tmp_path):
-    from vime.args import parse_args
     from vime.engine.topology import topology_of
 
     for name in ("policy", "rm"):
@@ -199,9 +211,11 @@ vllm:
     server_groups:
       - {{worker_type: regular, num_gpus: 1}}
 """)
-    topology = topology_of(parse_args(["--vllm-config", str(path), "--hf-checkpoint", str(tmp_path / "policy")]))
-    promise = seed("Use --vllm-config for more complex topologies: PD disaggregation, multi-model serving, "
-                   "heterogeneous server groups, and per-group vLLM overrides.")
+    sentence = ("Use --vllm-config for more complex topologies: PD disaggregation, multi-model serving, "
+                "heterogeneous server groups, and per-group vLLM overrides.")
+    topology = topology_of(seed_parse(["--vllm-config", str(path), "--hf-checkpoint", str(tmp_path / "policy")],
+                                      sentence))
+    promise = seed(sentence)
     assert [(m.name, m.num_servers) for m in topology.models] == [("actor", 2), ("reward", 1)], promise
     assert topology.policy.name == "actor", promise
     assert topology.models[0].groups[0].server_args == ["--max-model-len", "256"], promise
