@@ -8,45 +8,90 @@
   each store test once on a SQLite run directory and once on a fresh PostgreSQL database.
 
 In parallel (`-n 2`, pytest-xdist, as `.ci/run` does) each worker has its own session: the tests
-that share a vLLM server are kept on one worker (`--dist loadgroup`), so each of those servers
-starts once and at most one set runs (they hold ~3 GB each); every other test goes to whichever
-worker is free.
+of each session server form one group that runs on one worker, so each server starts once in the
+whole run and stops after its group's last test; work goes out longest first. See
+tests/scheduling.py.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
+from tests.scheduling import SERVER_GROUPS, cost_order, group_keys, load_durations, merge_groups, split_groups
 from vime.log import configure_logging
 
 configure_logging("console", "WARNING")
 
-SHARED_SERVERS = {"vllm_server", "training_server", "long_context_server"}
-SHARED_GROUP = "shared-vllm-servers"
+_GROUP = pytest.StashKey[str | None]()
+_remaining_users: Counter[str] = Counter()
+"""Tests of each server group still to run in this process (see `tests/scheduling.py`)."""
+_started_servers: dict[str, list] = {}
+_group_of_key: dict[str, str] = {}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """One xdist group for the tests on the session's vLLM servers (see the module's docstring).
+    """Group the tests of each session server and put the longest work first (tests/scheduling.py).
 
     pytest-xdist 3.8 sends a group to one worker by suffixing the test's node id with `@group`
     (`item._nodeid`), an attribute pytest 9.2 no longer reads (its id is `item._id`): with
     `--dist loadgroup` the suffix is set here, as xdist means it to be."""
     NodeId = None
     if getattr(config.option, "loadgroup", False):  # set in xdist's workers
+        config.option.loadscopereorder = False  # the order below is by cost, not by count
         try:
             from _pytest.nodeid import NodeId  # pytest >= 9.2; before it, xdist's suffix works
         except ImportError:
             pass
-    for item in items:
-        if SHARED_SERVERS & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group(SHARED_GROUP))
-            if NodeId is not None and "@" not in item.nodeid:
-                item._id = NodeId.parse(f"{item.nodeid}@{SHARED_GROUP}")
+    keys = [group_keys(_fixture_scopes(item), item.nodeid.split("::")[0]) for item in items]
+    groups, group_of_key = merge_groups(keys)
+    _group_of_key.update(group_of_key)
+    durations = load_durations()
+    groups = split_groups([item.nodeid for item in items], groups, durations)
+    for item, group in zip(items, groups):
+        if group is None:
+            continue
+        _remaining_users[group] += 1
+        item.add_marker(pytest.mark.xdist_group(group))
+        if NodeId is not None and "@" not in item.nodeid:
+            item._id = NodeId.parse(f"{item.nodeid}@{group}")
+    order = cost_order([item.nodeid for item in items], groups, durations)
+    items[:] = [items[i] for i in order]
+    for item, group in zip(items, [groups[i] for i in order]):
+        item.stash[_GROUP] = group
+
+
+def _fixture_scopes(item: pytest.Item) -> dict[str, str]:
+    """The scope of each fixture the test uses, directly or through other fixtures."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return {}
+    return {name: defs[-1].scope for name, defs in info.name2fixturedefs.items() if defs}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After the last test of a server group, stop that group's servers (their fixtures are
+    session-scoped, but nothing after this test uses them)."""
+    group = item.stash.get(_GROUP, None)
+    if group is None:
+        return
+    _remaining_users[group] -= 1
+    if _remaining_users[group] == 0:
+        for server in _started_servers.pop(group, []):
+            server.stop()
+
+
+def _shared(server_fixture: str, server):
+    """Register a started session server for stopping after its group's last test."""
+    key = SERVER_GROUPS[server_fixture]
+    _started_servers.setdefault(_group_of_key.get(key, key), []).append(server)
+    return server
 
 
 @pytest.fixture(scope="session")
@@ -68,7 +113,7 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         log_path=log_path,
     )
     with server:
-        yield server
+        yield _shared("vllm_server", server)
 
 
 @pytest_asyncio.fixture(scope="session")
@@ -93,18 +138,19 @@ def training_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
     """A vLLM server that accepts weight syncs, shared by the training tests.
 
     Every training run syncs its trainer's weights into it on attach, so a run never samples
-    from weights another test left behind.
+    from weights another test left behind; that is also how the examples' runs serve their own
+    warm-started models from it. 2048 tokens: the coding agent's prompts and turns fit.
     """
     from vime.engine.server import VLLMServer
     from vime.engine.weight_sync import weight_sync_server_args
 
     server = VLLMServer(
         tiny_model_dir,
-        server_args=[*weight_sync_server_args(), "--max-model-len", "1024", "--seed", "0"],
+        server_args=[*weight_sync_server_args(), "--max-model-len", "2048", "--seed", "0"],
         log_path=tmp_path_factory.mktemp("vllm-train") / "vllm.log",
     )
     with server:
-        yield server
+        yield _shared("training_server", server)
 
 
 def engine_flags(server) -> list[str]:
@@ -136,7 +182,7 @@ def long_context_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathF
         log_path=tmp_path_factory.mktemp("vllm-long") / "vllm.log",
     )
     with server:
-        yield server
+        yield _shared("long_context_server", server)
 
 
 @pytest.fixture(scope="session")

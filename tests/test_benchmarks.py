@@ -67,9 +67,13 @@ def test_the_session_affinity_benchmark_prints_no_table_when_requests_failed(tin
 
 
 @pytest.mark.vllm
-def test_the_session_affinity_benchmark_prints_every_policy_with_its_hit_rate(tiny_model_dir):
+def test_the_session_affinity_benchmark_prints_every_policy_with_its_hit_rate(
+        tiny_model_dir, vllm_server, long_context_server):
+    """On the suite's two sampling servers (the same model, 32-token blocks) rather than two of its
+    own: the benchmark resets their prefix caches before each policy's run."""
     result = subprocess.run([sys.executable, "bench/session_affinity.py", "--sessions", "4", "--turns", "2",
-                             "--rounds", "1", "--model", str(tiny_model_dir)],
+                             "--rounds", "1", "--model", str(tiny_model_dir),
+                             "--vllm-urls", vllm_server.url, long_context_server.url],
                             capture_output=True, text=True, cwd=REPO, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     lines = result.stdout.splitlines()

@@ -19,11 +19,14 @@ REPO = Path(__file__).resolve().parent.parent
 STEPS, PROMPTS, N = 2, 2, 4
 
 
-def test_sft_warm_start_then_rl_steps_show_rewards_and_searchable_rollouts(tmp_path, sandbox_base):
+def test_sft_warm_start_then_rl_steps_show_rewards_and_searchable_rollouts(training_server, tmp_path, sandbox_base):
+    """On the suite's training server: the run syncs its warm-started weights into it on attach."""
+    from tests.conftest import engine_flags
+
     run_dir = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "examples.coding_agent_rl.run", "--tasks", "2", "--run-dir", str(run_dir),
-         "--num-rollout", str(STEPS)],
+         "--num-rollout", str(STEPS), *engine_flags(training_server)],
         cwd=REPO, env={**os.environ, "VIME_LOG_LEVEL": "WARNING", "TMPDIR": str(sandbox_base)},
         capture_output=True, text=True, timeout=1200)
     out = proc.stdout + proc.stderr
