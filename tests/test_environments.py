@@ -64,6 +64,34 @@ def test_a_bad_environment_is_one_line_naming_the_flag(spec, message):
     assert str(err.value).startswith("--rollout-env")
 
 
+@pytest.mark.parametrize("spec,path,source,line,message", [
+    ("broken_env", "broken_env.py", "import os\n\nimport missing_dep\n", 3,
+     "ModuleNotFoundError: No module named 'missing_dep'"),
+    ("brokenpkg.mod", "brokenpkg/mod.py", "import os\n\nimport missing_dep\n", 3,
+     "ModuleNotFoundError: No module named 'missing_dep'"),
+    ("typo_env", "typo_env.py", "ENVIRONMENT = (\n", 1, "SyntaxError: '(' was never closed"),
+    ("raising_env", "raising_env.py", "import os\nraise RuntimeError('no GPU here')\n", 2, "RuntimeError: no GPU here"),
+], ids=["missing-dependency", "missing-dependency-in-a-package", "syntax-error", "raises"])
+def test_an_environment_that_exists_but_fails_to_import_says_why_in_one_line(spec, path, source, line, message,
+                                                                              tmp_path, monkeypatch):
+    """The module is there; one of its own imports (or its code) is not right. Saying "no such
+    environment" would send the user looking for a typo in the flag, and a traceback at parse
+    time buries the cause: one line names the flag, the error and the file:line it came from."""
+    module = tmp_path / path
+    if module.parent != tmp_path:
+        module.parent.mkdir()
+        (module.parent / "__init__.py").write_text("")
+    module.write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError) as err:
+        parse_args(["--rollout-env", spec])
+    text = str(err.value)
+    assert text.startswith(f"--rollout-env {spec!r}: importing it failed: {message}"), text
+    assert f"({module}:{line})" in text and "\n" not in text and "no such environment" not in text, text
+    if "missing_dep" in message:
+        assert text.endswith("install 'missing_dep' or fix that import"), text
+
+
 def test_every_builtin_environment_loads_and_declares_registered_workflows():
     for name in BUILTIN:
         env = load_environment(name)

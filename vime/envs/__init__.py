@@ -10,6 +10,8 @@ workflow only ever sees `Environment.group_workflow`, a registered workflow name
 from __future__ import annotations
 
 import inspect
+import os
+import traceback
 from typing import Any
 
 from vime.envs.base import EnvContext, Environment, EnvWorkers, GroupInput, GroupOutput, env_flag
@@ -40,15 +42,49 @@ def load_environment(spec: str, flag: str = FLAG) -> Environment:
     try:
         module = _import(module_name, flag, spec)
     except ConfigError as exc:
+        if exc.__cause__ is None:  # the module's own ConfigError: already one line that says it all
+            raise
+        if not _not_found(exc.__cause__, module_name):  # it exists: what its own import raised is the news
+            raise _import_failed(flag, spec, module_name, exc.__cause__) from exc.__cause__
         if spec in BUILTIN or "." in spec:
             raise
         raise ConfigError(f"{flag} {spec!r}: no such environment; built-ins: {', '.join(BUILTIN)}, "
                           "or a module's dotted path (pkg.my_env) whose ENVIRONMENT declares it") from exc
+    except Exception as exc:  # noqa: BLE001 - the module ran and raised: one line, not a traceback at parse time
+        raise _import_failed(flag, spec, module_name, exc) from exc
     env = getattr(module, "ENVIRONMENT", None)
     if not isinstance(env, Environment):
         raise ConfigError(f"{flag} {spec!r}: module {module_name!r} has no ENVIRONMENT "
                           f"(a vime.envs.Environment); got {type(env).__name__}")
     return env
+
+
+def _not_found(exc: BaseException | None, module_name: str) -> bool:
+    """True when the module itself (or a package above it) is not there, as opposed to being
+    there and failing on one of its own imports."""
+    missing = getattr(exc, "name", None) or ""
+    return isinstance(exc, ModuleNotFoundError) and (module_name == missing or module_name.startswith(missing + "."))
+
+
+def _import_failed(flag: str, spec: str, module_name: str, exc: BaseException) -> ConfigError:
+    """`exc`, raised while `module_name` was imported, as one line: its type, its message and the
+    file:line it came from (a module that exists must not read as "no such environment")."""
+    what = "it" if spec == module_name else repr(module_name)
+    if isinstance(exc, SyntaxError):
+        message, where = exc.msg, (f"{_shown_path(exc.filename)}:{exc.lineno}" if exc.filename else None)
+    else:
+        message = next((line for line in str(exc).splitlines() if line.strip()), "")
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+        where = f"{_shown_path(frames[-1].filename)}:{frames[-1].lineno}" if frames else None
+    hint = f"; install {exc.name!r} or fix that import" if isinstance(exc, ModuleNotFoundError) and exc.name else ""
+    return ConfigError(f"{flag} {spec!r}: importing {what} failed: {type(exc).__name__}: {message}"
+                       + (f" ({where})" if where else "") + hint)
+
+
+def _shown_path(filename: str) -> str:
+    """`filename` relative to the working directory when it is below it (shorter to read)."""
+    relative = os.path.relpath(filename) if os.path.isabs(filename) else filename
+    return filename if relative.startswith("..") else relative
 
 
 def resolve(obj: Any, what: str, env: Environment) -> Any:
