@@ -22,6 +22,8 @@ from vime.store.models import RunRow, SampleRow
 from vime.types import Sample
 
 GREEN, GREY, BOLD, RESET = "\033[32m", "\033[90m", "\033[1m", "\033[0m"
+# A turn's keys `_turn_lines` prints itself (a turn's weight versions are in the sample's own).
+_TURN_KEYS_SHOWN = {"start", "end", "finish_reason", "finish", "text", "observation", "weight_versions"}
 
 
 @dataclass
@@ -112,16 +114,63 @@ def render(shown: ShownSample, tokens: list[str] | None, *, color: bool, token_t
         lines += ["", c(BOLD, "── weight versions ──")]
         lines += [f"tokens {v.get('start')}-{v.get('end')}: version {v.get('version')}" for v in spans]
     meta = s.metadata or {}
+    if meta.get("role"):
+        lines += ["", c(BOLD, "── role ──"), _role_text(meta)]
     if meta.get("turns"):
-        lines += ["", c(BOLD, f"── turns ({len(meta['turns'])}) ──")]
-        prompt_length = s.prompt_length  # turns count from the segment's start
-        lines += [f"{i}: response tokens {t['start'] - prompt_length}-{t['end'] - prompt_length}, "
-                  f"{t.get('finish_reason')}" for i, t in enumerate(meta["turns"])]
+        turns = meta["turns"] if isinstance(meta["turns"], list) else [meta["turns"]]
+        lines += ["", c(BOLD, f"── turns ({len(turns)}) ──")]
+        if meta.get("chain") or meta.get("segment_kind"):
+            lines.append(f"chain {meta.get('chain', '?')}, {meta.get('segment_kind', '?')} segment"
+                         + (f", started because: {meta['started_because']}" if meta.get("started_because") else ""))
+        lines += _turn_lines(turns, s.prompt_length)
     if meta.get("diff"):
         lines += ["", c(BOLD, "── diff ──"), meta["diff"].rstrip()]
     if meta.get("grade"):
         lines += ["", c(BOLD, "── grading ──"), json.dumps(meta["grade"], indent=1)]
     return "\n".join(lines)
+
+
+def _turn_lines(turns: list, prompt_length: int) -> list[str]:
+    """Each environment writes its own turns into `metadata["turns"]`: an adapter session (the
+    coding agent) token offsets `start`/`end` (absolute in `tokens`) and `finish_reason`;
+    tool_use each turn's `text`, the tool's `observation` and `finish`. Show what a turn has
+    rather than assume one shape: a store holds every environment's samples."""
+    lines = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            lines.append(f"{i}: {json.dumps(turn, default=str)}")
+            continue
+        head = []
+        if isinstance(turn.get("start"), int) and isinstance(turn.get("end"), int):
+            head.append(f"response tokens {turn['start'] - prompt_length}-{turn['end'] - prompt_length}")
+        finish = turn.get("finish_reason", turn.get("finish"))
+        if finish is not None:
+            head.append(str(finish))
+        lines.append(f"{i}: {', '.join(head) or 'turn'}")
+        for key, label in (("text", "model"), ("observation", "observation")):
+            if turn.get(key):
+                lines += _indented(f"[{label}] {turn[key]}")
+        rest = {k: v for k, v in turn.items() if k not in _TURN_KEYS_SHOWN and v not in (None, "", [], {})}
+        if rest:
+            lines += _indented(json.dumps(rest, default=str))
+    return lines
+
+
+def _role_text(meta: dict) -> str:
+    """A multi-agent role's turn: one sample per turn, tagged with its role, slot and score."""
+    text = f"{meta['role']}" + (f" (slot {meta['slot']})" if meta.get("slot") is not None else "")
+    if meta.get("turn") is not None:
+        text += f", turn {meta['turn']} of the rollout"
+    if meta.get("score") is not None:
+        text += f", score {_reward(meta['score'])}"
+    if "pick" in meta:
+        text += f", picked {meta['pick'] or 'none'}" + (
+            f" (turn {meta['picked_turn']})" if meta.get("picked_turn") is not None else "")
+    return text
+
+
+def _indented(text: str) -> list[str]:
+    return ["   " + line for line in str(text).splitlines() or [""]]
 
 
 def _reward(reward) -> str:
