@@ -63,12 +63,26 @@ def write(path: Path, text: str) -> Path:
     return path
 
 
+def prompt_lines(count: int, bad: dict[int, str] | None = None) -> str:
+    """`count` good JSONL prompt lines, with `bad[line]` in place of those lines (1-based)."""
+    lines = [json.dumps({"prompt": f"p{i}", "label": "1"}) for i in range(count)]
+    for line, text in (bad or {}).items():
+        lines[line - 1] = text
+    return "\n".join(lines) + "\n"
+
+
+EMPTY_PROMPT = json.dumps({"prompt": "", "label": "1"})
+
+
 @pytest.mark.parametrize("content, expected", [
     ('{"prompt": "a", "label": "1"}\n{"prompt": "b", "label": \n', ":2: not valid JSON"),
     ("", "is empty"),
     ('{"text": "a", "label": "1"}\n', "no key 'prompt'"),
     ('{"prompt": "a"}\n', "no key 'label'"),
-], ids=["malformed-line", "empty", "missing-input-key", "missing-label-key"])
+    (prompt_lines(200, {150: '{"prompt": "p149", "label": '}), ":150: not valid JSON"),
+    (prompt_lines(64, {n: EMPTY_PROMPT for n in (3, 7, 9, 20, 21, 30, 33, 40, 41, 50, 60, 64)}),
+     ": 12 rows have an empty 'prompt' (lines 3, 7, 9, 20, 21, ...); remove them or fix --input-key"),
+], ids=["malformed-line", "empty", "missing-input-key", "missing-label-key", "malformed-line-150", "empty-prompts"])
 def test_a_bad_prompt_file_is_one_line_naming_file_line_and_key_before_anything_starts(
         tiny_model_dir, tmp_path, content, expected):
     run = TrainRun(tmp_path, tiny_model_dir, "--vllm-router-ip", "127.0.0.1", "--vllm-router-port", "9")
@@ -78,8 +92,17 @@ def test_a_bad_prompt_file_is_one_line_naming_file_line_and_key_before_anything_
     line = one_line_error(run.output())
     assert str(tmp_path / "prompts.jsonl") in line and expected in line, line
     assert time.monotonic() - t0 < 30
-    assert not (run.run_dir / "temporal.db").exists()  # no service was started
-    assert stored_samples(run.run_dir) == 0
+    assert not run.run_dir.exists()  # nothing was started or written: no Temporal database, no store
+
+
+def test_a_prompt_file_too_short_for_one_step_is_one_line_before_anything_starts(tiny_model_dir, tmp_path):
+    run = TrainRun(tmp_path, tiny_model_dir, "--vllm-router-ip", "127.0.0.1", "--vllm-router-port", "9", groups=8)
+    write(tmp_path / "prompts.jsonl", prompt_lines(3))
+    assert run.run_to_end(120) == 2
+    line = one_line_error(run.output())
+    assert (f"--prompt-data {tmp_path / 'prompts.jsonl'} has 3 prompts; one step takes --rollout-batch-size 8: "
+            "add prompts or lower it") in line, line
+    assert not run.run_dir.exists()
 
 
 def test_a_missing_checkpoint_directory_is_one_line_before_anything_starts(tmp_path):

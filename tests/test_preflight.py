@@ -114,13 +114,92 @@ def test_a_missing_or_unsupported_prompt_file_is_named(tmp_path, model_dir, name
     assert message.startswith(f"--prompt-data '{tmp_path / name}") and expected in message
 
 
-def test_only_the_first_rows_are_read(tmp_path, model_dir):
+def test_every_row_is_read_not_only_the_first(tmp_path, model_dir):
+    """A bad row far into the file fails before anything starts, not at step 1."""
     records = [{"prompt": f"q{i}"} for i in range(150)] + [{"wrong": "key"}]
     path = write_jsonl(tmp_path / "big.jsonl", records)
-    check_prompt_data(train_args(tmp_path, model_dir, path))
-    check_prompt_data(train_args(tmp_path, model_dir, f"{path}@[140:]"), limit=5)
-    message = error_of(check_prompt_data, train_args(tmp_path, model_dir, f"{path}@[148:]"))
-    assert f"{path}:151: no key 'prompt'" in message
+    message = error_of(check_prompt_data, train_args(tmp_path, model_dir, path))
+    assert message == (f"--prompt-data {path}:151: no key 'prompt' (the record has ['wrong']); "
+                       "set --input-key to the key that holds the prompt")
+    check_prompt_data(train_args(tmp_path, model_dir, f"{path}@[140:150]"))  # a slice is checked, not the file
+    path.write_text(path.read_text() + "not json\n")
+    assert "big.jsonl:151: no key 'prompt'" in error_of(check_prompt_data, train_args(tmp_path, model_dir, path)), \
+        "the first bad row comes first"
+
+
+def test_empty_prompts_are_counted_and_their_first_lines_named(tmp_path, model_dir):
+    """An empty prompt is not an error anywhere later: generation drops it and the step trains on
+    fewer samples, silently. Here it is refused, with how many there are and where."""
+    empty = {2: "", 6: "   ", 8: "\n", 13: "", 20: "", 30: "", 31: "", 40: "", 41: "", 50: "", 60: "", 63: ""}
+    path = write_jsonl(tmp_path / "prompts.jsonl",
+                       [{"prompt": empty.get(i, f"q{i}"), "label": "1"} for i in range(64)])
+    message = error_of(check_prompt_data, train_args(tmp_path, model_dir, path))
+    assert message == (f"--prompt-data {path}: 12 rows have an empty 'prompt' (lines 3, 7, 9, 14, 21, ...); "
+                       "remove them or fix --input-key")
+
+
+@pytest.mark.parametrize("prompt", [
+    [], [{"role": "user", "content": ""}], [{"role": "system", "content": "  "}, {"role": "user", "content": None}],
+], ids=["no-messages", "empty-content", "blank-contents"])
+def test_a_chat_prompt_without_content_is_empty_judged_before_any_template(tmp_path, model_dir, prompt):
+    """With --apply-chat-template the rendered text of nothing is the template's markup, never
+    empty: the raw messages are judged, and no tokenizer is loaded for it (model_dir has none)."""
+    hello = [{"role": "user", "content": "hi"}]
+    path = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": hello}, {"prompt": prompt}])
+    for flags in ([], ["--apply-chat-template"]):
+        message = error_of(check_prompt_data, train_args(tmp_path, model_dir, path, *flags))
+        assert message.startswith(f"--prompt-data {path}:2: 'prompt' is empty ("), message
+        assert message.endswith("; remove them or fix --input-key")
+    good = [{"role": "user", "content": [{"type": "text", "text": "describe"}]}]  # content as parts
+    check_prompt_data(train_args(tmp_path, model_dir, write_jsonl(path, [{"prompt": good}] * 2)))
+
+
+def test_rows_with_several_problems_are_one_line_led_by_the_first(tmp_path, model_dir):
+    lines = [json.dumps({"prompt": f"q{i}"}) for i in range(300)]
+    for i in (10, 20, 250):
+        lines[i] = json.dumps({"text": "a question"})
+    lines[120] = '{"prompt": }'
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    message = error_of(check_prompt_data, train_args(tmp_path, model_dir, path))
+    assert message == (f"--prompt-data {path}: 3 rows have no key 'prompt' (lines 11, 21, 251); set --input-key "
+                       f"to the key that holds the prompt; 1 more row has other problems, the first: {path}:121: "
+                       "not valid JSON (Expecting value at column 12); each line must be one JSON object")
+
+
+def test_parquet_rows_are_all_read_and_named_by_row(tmp_path, model_dir):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / "prompts.parquet"
+    rows = [{"prompt": "" if i in (1500, 2047, 2999) else f"q{i}"} for i in range(3000)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    message = error_of(check_prompt_data, train_args(tmp_path, model_dir, path))
+    assert message == (f"--prompt-data {path}: 3 rows have an empty 'prompt' (rows 1500, 2047, 2999); "
+                       "remove them or fix --input-key")
+
+
+def test_fewer_prompts_than_one_step_takes_are_refused_with_the_numbers(tmp_path, model_dir, prompts):
+    message = error_of(check_prompt_data, train_args(tmp_path, model_dir, prompts, "--rollout-batch-size", "8"))
+    assert message == (f"--prompt-data {prompts} has 3 prompts; one step takes --rollout-batch-size 8: "
+                       "add prompts or lower it")
+    message = error_of(check_prompt_data, train_args(tmp_path, model_dir, f"{prompts}@[2:]"))
+    assert message == (f"--prompt-data {prompts}@[2:] has 1 prompt; one step takes --rollout-batch-size 2: "
+                       "add prompts or lower it")
+
+
+@pytest.mark.parametrize("shuffle", [[], ["--rollout-shuffle"]], ids=["in-order", "shuffled"])
+def test_as_many_prompts_as_one_step_takes_train_over_epochs(tmp_path, model_dir, prompts, shuffle):
+    """Steps go on past the end of the file (the next epoch; `--num-rollout` rules over
+    `--num-epoch`), so one step's worth of prompts is enough, and each step has distinct prompts."""
+    from vime.rollout.data_source import RolloutDataSource
+
+    args = train_args(tmp_path, model_dir, prompts, "--rollout-batch-size", "3", "--num-rollout", "4", *shuffle)
+    check_prompt_data(args)
+    source = RolloutDataSource(args)
+    for _ in range(args.num_rollout):
+        step = [group[0].prompt for group in source.get_samples(args.rollout_batch_size)]
+        assert sorted(step) == ["q0", "q1", "q2"]
 
 
 def test_a_slice_that_selects_nothing_says_so(tmp_path, model_dir, prompts):

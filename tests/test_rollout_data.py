@@ -230,7 +230,7 @@ def test_sampling_params_use_vllms_names_and_a_seed_per_sample(tmp_path):
 
 
 def test_records_are_read_as_they_are_consumed(tmp_path):
-    """A check of the first rows of a large file must not read the rest of it (nor trip on it)."""
+    """Taking the first records of a large file does not read the rest of it (nor trip on it)."""
     from vime.rollout.dataset import read_records
 
     path = tmp_path / "p.jsonl"
