@@ -125,6 +125,60 @@ async def test_a_reward_that_is_nan_or_infinite_is_a_final_error_naming_the_hook
             await reward(make_args(tmp_path, "--custom-rm-path", f"{mod}.{name}"), Sample())
 
 
+async def test_a_numpy_reward_counts_like_the_python_number_it_holds(tmp_path, hook_module):
+    """A reward computed with numpy (`np.mean(...)`, `pred == label` on arrays) is a number: bools,
+    ints and floats of numpy's become Python floats, as Python's do (`np.bool_` is not a
+    `numbers.Real`, and was refused as "returned bool")."""
+    mod = hook_module("""
+        import numpy as np
+
+        VALUE = None
+
+        async def score(args, sample):
+            return VALUE
+
+        async def batch(args, samples):
+            return np.array([1.0, 0.0, 0.5], dtype=np.float32)
+    """)
+    import importlib
+
+    import numpy as np
+
+    hooks = importlib.import_module(mod)
+    args = make_args(tmp_path, "--custom-rm-path", f"{mod}.score")
+    for value, expected in [(np.bool_(True), 1.0), (np.bool_(False), 0.0), (True, 1.0), (np.int64(3), 3.0),
+                            (np.float32(0.25), 0.25), (np.float64(-1.5), -1.5), (np.array(0.5), 0.5)]:
+        hooks.VALUE = value
+        got = await reward(args, Sample())
+        assert got == expected and type(got) is float, (value, got)
+    hooks.VALUE = {"acc": np.bool_(True), "len": np.int32(7)}
+    got = await reward(args, Sample())
+    assert got == {"acc": True, "len": 7} and json.dumps(got), "a dict of numpy scores stores as JSON"
+    group = make_args(tmp_path, "--custom-rm-path", f"{mod}.batch", "--group-rm")
+    got = await group_rewards(group, [Sample(), Sample(), Sample()])
+    assert got == [1.0, 0.0, 0.5] and all(type(v) is float for v in got)
+
+
+@pytest.mark.parametrize(("value", "refused"), [
+    ("np.str_('good')", "returned str 'good'; a reward is a number"),
+    ("np.float32('nan')", "returned nan; a reward must be a finite number"),
+    ("np.float64('inf')", "returned inf; a reward must be a finite number"),
+    ("np.complex128(1j)", "returned complex '1j'; a reward is a number"),
+    ("np.array([1.0, 0.0])", "returned ndarray '[1. 0.]'; a reward is a number"),
+], ids=["str", "nan", "inf", "complex", "array"])
+async def test_a_numpy_value_that_is_not_one_finite_number_is_refused_naming_the_hook(
+        tmp_path, hook_module, value, refused):
+    mod = hook_module(f"""
+        import numpy as np
+
+        async def score(args, sample):
+            return {value}
+    """)
+    with pytest.raises(RewardError) as info:
+        await reward(make_args(tmp_path, "--custom-rm-path", f"{mod}.score"), Sample())
+    assert str(info.value).startswith(f"--custom-rm-path '{mod}.score' {refused}"), str(info.value)
+
+
 async def test_group_rm_calls_the_batched_function_once_per_group(tmp_path, hook_module):
     mod = hook_module("""
         CALLS = []

@@ -24,6 +24,7 @@ import json
 import math
 import numbers
 import random
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -59,9 +60,11 @@ class RewardError(ConfigError):
 
 
 def check_reward(value: Any, source: str) -> float | dict[str, Any]:
-    """A reward as vime stores it: a finite float (ints and bools converted) or a dict of scores."""
+    """A reward as vime stores it: a finite float (ints and bools converted, numpy's too) or a dict
+    of scores (numpy scalars in it made Python numbers, so the dict stores as JSON)."""
     if isinstance(value, dict):
-        return value
+        return {k: _plain(v) for k, v in value.items()}
+    value = _plain(value)
     if isinstance(value, numbers.Real):
         if not math.isfinite(float(value)):
             raise RewardError(f"{source} returned {value!r}; a reward must be a finite number")
@@ -70,6 +73,17 @@ def check_reward(value: Any, source: str) -> float | dict[str, Any]:
         f"{source} returned {type(value).__name__} {str(value)[:80]!r}; a reward is a number "
         "(or a dict of scores, with --reward-key naming the one to train on)"
     )
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar (`np.float32(0.5)`, `np.bool_(True)`, a 0-d array) as the Python value it
+    holds: a reward computed with numpy is a number like any other (`np.bool_` is not a
+    `numbers.Real`, unlike Python's bool). Anything else as is. numpy is not imported for this:
+    a numpy value means it already is."""
+    np = sys.modules.get("numpy")
+    if np is not None and (isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0)):
+        return value.item()
+    return value
 
 
 def reward_value(args: Any, reward: Any) -> float | None:
@@ -141,6 +155,10 @@ async def reward(args: Any, sample: Sample) -> float | dict[str, Any]:
 
 
 def _check_batch(values: Any, n: int, source: str) -> list[float | dict[str, Any]]:
+    """A batched reward function's answer: a list (or tuple, or 1-d numpy array) of `n` rewards."""
+    np = sys.modules.get("numpy")
+    if np is not None and isinstance(values, np.ndarray) and values.ndim == 1:
+        values = list(values)  # numpy scalars, each checked (and converted) as one reward
     if not isinstance(values, (list, tuple)) or len(values) != n:
         got = f"{len(values)} values" if isinstance(values, (list, tuple)) else type(values).__name__
         raise ConfigError(f"{source} (with --group-rm) must return a list of {n} rewards, one per sample; got {got}")
