@@ -3,9 +3,19 @@
 Design: entering copies the repository into a fresh temp dir (the workdir); each `exec` runs a
 fresh `bwrap` over that same workdir, so there is no long-lived container to die, leak or
 restart, and all state the agent makes lives in the workdir (mounted at `/workspace`). Outside
-it the host filesystem is read-only, `/tmp`, `/proc` and `/dev` are private, every namespace is
-unshared (no network unless `network=True`), and the command runs under `prlimit`
-(RLIMIT_CPU / RLIMIT_AS / RLIMIT_NPROC) plus a wall-clock timeout.
+it the sandbox sees only the host's system directories (`system_dirs`: /usr, /etc, /lib*, ...)
+read-only plus the `ro_binds` asked for, never homes, checkouts or data trees; `/tmp` and
+`/dev/shm` are private; every namespace is unshared (no network unless `network=True`), and the
+command runs under `prlimit` (RLIMIT_CPU / RLIMIT_AS / RLIMIT_NPROC) plus a wall-clock timeout.
+
+Every place a command can write has a size cap, because each would otherwise be host RAM or
+disk without bound: `/` and `/dev` are read-only, `/tmp` and `/dev/shm` are tmpfs of
+`tmp_bytes` / `shm_bytes`, and the workdir itself is a tmpfs of `workspace_bytes` mounted on
+the host at boot (so a write past any cap fails with ENOSPC inside, and nothing outlives
+`destroy`). The workdir is a host mount rather than a tmpfs of one bwrap because each `exec`
+is a fresh bwrap and the workspace must persist between them (and be seen by every handle).
+At most `max_concurrent` commands run at once per process and event loop (the others wait
+before their clock starts), so a loaded host does not time out correct code.
 
 Why the details matter:
 - Running as root, bwrap itself is started as `run_as_uid` (default 65534, "nobody"): the kernel
@@ -32,6 +42,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -42,6 +54,7 @@ import stat
 import tempfile
 import time
 import uuid
+import weakref
 from pathlib import Path, PurePosixPath
 
 from vime.sandbox.base import (
@@ -57,7 +70,14 @@ from vime.errors import ConfigError
 
 _PREFIX = "vime-sbx-"
 _TOMBSTONE = ".gone"
-_PRIVATE_ROOT_ENTRIES = {"proc", "dev", "tmp", WORKDIR.strip("/")}
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+"""What of the host a sandbox sees by default (read-only): the runtime that python3, git, node
+and a shell need. Not /home, /root, /work, /opt, /mnt, /srv, /var, /run, /sys or the host's
+/tmp: add what a task needs on purpose with `ro_binds`."""
+_SIGXCPU_RC = 128 + signal.SIGXCPU  # how bwrap reports a command killed by RLIMIT_CPU's soft limit
+_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
+_libc = ctypes.CDLL(None, use_errno=True)
+_slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> {cap: Semaphore}
 _BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": "/tmp",
@@ -70,12 +90,18 @@ class BwrapSandbox:
     """A bubblewrap sandbox over a private copy of `repo_dir` (empty workdir if None).
 
     `cpu_seconds` / `memory_bytes` / `max_processes` bound each command (per process CPU time,
-    address space, tasks in the sandbox); `wall_timeout` is the default `exec` timeout.
-    `max_output_bytes` caps what is kept of each of stdout / stderr (the head). `tmp_bytes` bounds
-    the private `/tmp` (a tmpfs: memory that `memory_bytes` does not count; unbounded if None). `ro_binds` are
-    host paths made visible read-only at the same path (the host's `/tmp` is private in the
-    sandbox, so a tool installed under it, e.g. a checkout's node_modules, needs one). These
-    apply per handle: an attached handle's commands run under the kwargs it was attached with.
+    address space, tasks in the sandbox); a process past `cpu_seconds` gets SIGXCPU (then
+    SIGKILL a second later) and its result says `stopped_by="cpu_seconds"`. `wall_timeout` is the
+    default `exec` timeout. `max_output_bytes` caps what is kept of each of stdout / stderr (the
+    head). `tmp_bytes` / `shm_bytes` / `workspace_bytes` cap the private `/tmp`, `/dev/shm` and
+    `/workspace`: all tmpfs, i.e. RAM that `memory_bytes` does not count. `workspace_bytes=None`
+    leaves the workspace an uncapped host directory (for a process that may not mount, i.e. not
+    root); the others always have a cap. `max_concurrent` bounds the commands this process runs
+    at once (default: its CPU cores), shared by the sandboxes made with the same value.
+    `system_dirs` are the host directories visible read-only (top-level symlinks kept as links);
+    `ro_binds` are further host paths made visible read-only at the same path (a tool installed
+    outside them, e.g. a checkout's node_modules, needs one). These apply per handle: an
+    attached handle's commands run under the kwargs it was attached with.
     `boot_key` makes `boot()` first destroy the sandboxes of this host booted with the same key
     (under the same `base_dir`), listing their ids in `replaced`.
     """
@@ -95,10 +121,17 @@ class BwrapSandbox:
         max_output_bytes: int = 16 << 20,
         ro_binds: tuple[str | Path, ...] | list[str | Path] = (),
         boot_key: str | None = None,
-        tmp_bytes: int | None = None,
+        tmp_bytes: int = 256 << 20,
+        shm_bytes: int = 64 << 20,
+        workspace_bytes: int | None = 1 << 30,
+        max_concurrent: int | None = None,
+        system_dirs: tuple[str, ...] | list[str] = SYSTEM_DIRS,
     ):
+        _check_caps(tmp_bytes=tmp_bytes, shm_bytes=shm_bytes, cpu_seconds=cpu_seconds,
+                    workspace_bytes=workspace_bytes, max_concurrent=max_concurrent)
         self.repo_dir = Path(repo_dir) if repo_dir is not None else None
         self.ro_binds = tuple(str(Path(b).resolve()) for b in ro_binds)
+        self.system_dirs = tuple(system_dirs)
         self.network = network
         self.cpu_seconds, self.memory_bytes = cpu_seconds, memory_bytes
         self.max_processes, self.wall_timeout = max_processes, wall_timeout
@@ -107,7 +140,8 @@ class BwrapSandbox:
         self.env = dict(env or {})
         self.max_output_bytes = max_output_bytes
         self.boot_key = boot_key
-        self.tmp_bytes = tmp_bytes
+        self.tmp_bytes, self.shm_bytes, self.workspace_bytes = tmp_bytes, shm_bytes, workspace_bytes
+        self.max_concurrent = max_concurrent or len(os.sched_getaffinity(0))
         key_part = _key_hex(boot_key) if boot_key is not None else ""
         self.sandbox_id = f"bwrap-{key_part}{uuid.uuid4().hex[:8 if boot_key is not None else 12]}"
         self.replaced: list[str] = []
@@ -116,7 +150,7 @@ class BwrapSandbox:
 
     @property
     def workdir(self) -> Path:
-        """The host directory mounted read-write at `/workspace`."""
+        """The host directory mounted read-write at `/workspace` (a tmpfs of `workspace_bytes`)."""
         if self.root is None:
             raise SandboxError(f"sandbox {self.sandbox_id} is not running: boot() or attach() it")
         return self.root / "workspace"
@@ -143,6 +177,12 @@ class BwrapSandbox:
             raise ConfigError(f"sandbox {self.sandbox_id} is already running; boot() it once")
         if self.repo_dir is not None and not self.repo_dir.is_dir():
             raise ConfigError(f"sandbox repo_dir {str(self.repo_dir)!r} is not a directory")
+        if self.workspace_bytes is not None and os.geteuid() != 0:
+            raise ConfigError(
+                f"sandbox workspace_bytes={self.workspace_bytes}: capping /workspace mounts a tmpfs on "
+                "the host, which only root may do; run the worker as root, or pass "
+                "workspace_bytes=None (--sandbox-workspace-mb 0) for an uncapped workspace"
+            )
         base = Path(self.base_dir or tempfile.gettempdir())
         if self.boot_key is not None:
             await self._replace_keyed(base)
@@ -156,7 +196,18 @@ class BwrapSandbox:
             await asyncio.to_thread(self._populate)
         except BaseException as e:
             self.root = None
-            _rmtree(root)
+            _remove(root)
+            if isinstance(e, OSError) and e.errno == errno.EPERM and self.workspace_bytes is not None:
+                raise ConfigError(
+                    f"sandbox workspace_bytes={self.workspace_bytes}: this process may not mount the "
+                    f"workspace's tmpfs ({e}); give the worker CAP_SYS_ADMIN, or pass "
+                    "workspace_bytes=None (--sandbox-workspace-mb 0) for an uncapped workspace"
+                ) from e
+            if _no_space(e):
+                raise SandboxError(
+                    f"sandbox {self.sandbox_id} could not start: repo_dir {str(self.repo_dir)!r} does not "
+                    f"fit in workspace_bytes={self.workspace_bytes}; raise it (--sandbox-workspace-mb)"
+                ) from e
             if isinstance(e, Exception):
                 raise SandboxError(f"sandbox {self.sandbox_id} could not start: {e}") from e
             raise
@@ -181,7 +232,7 @@ class BwrapSandbox:
                 self._procs.discard(proc)
             await asyncio.shield(asyncio.to_thread(_kill_bwraps_over, root / "workspace"))
         finally:
-            _rmtree(tomb)
+            _remove(tomb)
 
     async def __aenter__(self) -> BwrapSandbox:
         return await self.boot()
@@ -199,9 +250,18 @@ class BwrapSandbox:
         check: bool = False,
         cwd: str | None = None,
     ) -> ExecResult:
-        """Run `cmd` in a fresh bwrap over the workdir; see `Sandbox.exec`."""
+        """Run `cmd` in a fresh bwrap over the workdir; see `Sandbox.exec`.
+
+        It first waits for one of the process's `max_concurrent` slots; `timeout` counts from
+        when it has one, so commands queued behind others are not failed by the wait.
+        """
         self._check_alive()
-        timeout = self.wall_timeout if timeout is None else timeout
+        async with _slot(self.max_concurrent):
+            return await self._exec(cmd, env, self.wall_timeout if timeout is None else timeout,
+                                    user, check, cwd)
+
+    async def _exec(self, cmd, env, timeout, user, check, cwd) -> ExecResult:
+        self._check_alive()  # it may have been destroyed while this command waited for a slot
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         status_r, status_w = os.pipe()
         # Spawned as a task and shielded: cancelled mid-spawn, asyncio itself would kill bwrap
@@ -251,7 +311,8 @@ class BwrapSandbox:
                 f"sandbox {self.sandbox_id} failed to start the command (bwrap rc {proc.returncode}"
                 f"): {_text(err).strip()[-500:]}"
             )
-        result = ExecResult(status["exit-code"], _text(out), _text(err))
+        rc = status["exit-code"]
+        result = ExecResult(rc, _text(out), _text(err), "cpu_seconds" if rc == _SIGXCPU_RC else None)
         if check and result.rc != 0:
             raise CommandFailed(cmd, result)
         return result
@@ -324,22 +385,20 @@ class BwrapSandbox:
     def _bwrap_argv(self, argv: list[str], user: str | int | None, cwd: str | None, fd: int):
         args = [self._bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
         if self.network:
-            args.append("--share-net")
-        args += _root_binds()
-        if self.tmp_bytes is not None:  # a tmpfs is RAM that RLIMIT_AS does not count
-            args += ["--size", str(self.tmp_bytes)]
-        args += ["--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
-        parent = self.root.parent.resolve()
-        if parent != Path("/tmp") and Path("/tmp") not in parent.parents:
-            args += ["--tmpfs", str(parent)]  # hide sibling sandboxes' workdirs
-        for path in self.ro_binds:  # host tools under a private path (/tmp): visible, read-only
+            args += ["--share-net", *_resolver_binds()]
+        args += _system_binds(self.system_dirs)
+        for path in self.ro_binds:  # host paths a task needs on purpose: visible, read-only
             args += ["--ro-bind", path, path]
-        args += ["--bind", str(self.workdir), WORKDIR, "--chdir", cwd or WORKDIR]
+        # every writable mount is capped: a tmpfs is RAM that RLIMIT_AS does not count
+        args += ["--size", str(self.tmp_bytes), "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
+        args += ["--size", str(self.shm_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+        args += ["--bind", str(self.workdir), WORKDIR, "--remount-ro", "/", "--chdir", cwd or WORKDIR]
         if user is not None:
             uid = _uid(user)
             args += ["--unshare-user", "--uid", str(uid), "--gid", str(uid)]
         args += ["--json-status-fd", str(fd), "--", self._prlimit]
-        args += [f"--cpu={self.cpu_seconds}", f"--as={self.memory_bytes}"]
+        # the soft limit's SIGXCPU makes a result that says so; the hard one, a second later, SIGKILLs
+        args += [f"--cpu={self.cpu_seconds}:{self.cpu_seconds + 1}", f"--as={self.memory_bytes}"]
         args += [f"--nproc={self.max_processes}", "--", *argv]
         return args
 
@@ -369,10 +428,11 @@ class BwrapSandbox:
         return host
 
     def _populate(self) -> None:
+        self.workdir.mkdir()
+        if self.workspace_bytes is not None:
+            _mount_tmpfs(self.workdir, self.workspace_bytes, self.run_as_uid)
         if self.repo_dir is not None:
-            shutil.copytree(self.repo_dir, self.workdir, symlinks=True)
-        else:
-            self.workdir.mkdir()
+            shutil.copytree(self.repo_dir, self.workdir, symlinks=True, dirs_exist_ok=True)
         self._own_tree(self.root)
 
     def _make_parents(self, path: Path) -> None:
@@ -503,18 +563,71 @@ def _skip_ws(text: str, i: int) -> int:
     return len(text) - len(text[i:].lstrip())
 
 
-def _root_binds() -> list[str]:
-    """Every top-level entry of / read-only (symlinks recreated), except the private ones."""
+def _system_binds(system_dirs: tuple[str, ...]) -> list[str]:
+    """The allow-listed host directories read-only (symlinks, e.g. /bin -> usr/bin, recreated);
+    the ones this host lacks are skipped, so one list serves merged-/usr and older layouts."""
     args: list[str] = []
-    for name in sorted(os.listdir("/")):
-        path = f"/{name}"
-        if name in _PRIVATE_ROOT_ENTRIES:
-            continue
+    for path in system_dirs:
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
         elif os.path.exists(path):
             args += ["--ro-bind", path, path]
     return args
+
+
+def _resolver_binds() -> list[str]:
+    """With the network on, DNS needs /etc/resolv.conf's target, which systemd hosts keep in /run."""
+    return ["--ro-bind-try", "/run/systemd/resolve", "/run/systemd/resolve"]
+
+
+def _check_caps(**caps: int | None) -> None:
+    """Every cap a positive integer; only `workspace_bytes` and `max_concurrent` may be None."""
+    for name, value in caps.items():
+        if value is None and name in ("workspace_bytes", "max_concurrent"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"sandbox {name}={value!r}: must be a positive integer (every writable "
+                              "mount and every command needs a bound)")
+
+
+def _slot(cap: int) -> asyncio.Semaphore:
+    """The semaphore of `cap` commands shared by this event loop's sandboxes made with `cap`.
+
+    Per loop, since an asyncio semaphore belongs to one; a worker runs one loop, so per process.
+    """
+    per_loop = _slots.setdefault(asyncio.get_running_loop(), {})
+    return per_loop.setdefault(cap, asyncio.Semaphore(cap))
+
+
+def _mount_tmpfs(path: Path, size: int, uid: int | None) -> None:
+    """Mount a tmpfs of `size` bytes at `path`; inodes are bounded too (each costs kernel memory)."""
+    opts = f"size={size},nr_inodes={max(size // 4096, 1024)},mode=0755"
+    if uid is not None:
+        opts += f",uid={uid},gid={uid}"
+    if _libc.mount(b"vime-sbx", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode()):
+        code = ctypes.get_errno()
+        raise OSError(code, f"mount tmpfs {opts}: {os.strerror(code)}", str(path))
+
+
+def _unmount(path: Path) -> None:
+    """Detach the workspace's tmpfs if `path` is one; its memory is freed once no process uses it."""
+    if os.path.ismount(path) and _libc.umount2(os.fsencode(path), _MNT_DETACH):
+        code = ctypes.get_errno()
+        if code not in (errno.EINVAL, errno.ENOENT):
+            raise OSError(code, f"umount: {os.strerror(code)}", str(path))
+
+
+def _no_space(e: BaseException) -> bool:
+    """ENOSPC, also inside the list of per-file errors that `shutil.copytree` raises at its end."""
+    if isinstance(e, shutil.Error) and e.args and isinstance(e.args[0], list):
+        return any(os.strerror(errno.ENOSPC) in str(item[-1]) for item in e.args[0])
+    return isinstance(e, OSError) and e.errno == errno.ENOSPC
+
+
+def _remove(root: Path) -> None:
+    """Remove a sandbox's directory, its workspace's mount first (rmtree cannot remove a mount)."""
+    _unmount(root / "workspace")
+    _rmtree(root)
 
 
 def _uid(user: str | int) -> int:
@@ -565,6 +678,6 @@ def reap_stale_workdirs(base_dir: str | Path | None = None) -> list[Path]:
         pid = name[len(_PREFIX) :].split("-", 1)[0]
         if name != path.name or (pid.isdigit() and not Path(f"/proc/{pid}").exists()):
             _kill_bwraps_over(path.with_name(name) / "workspace")
-            _rmtree(path)
+            _remove(path)
             removed.append(path)
     return removed
