@@ -458,6 +458,22 @@ class BwrapSandbox:
 
 
 
+def flag_options(args: object) -> dict:
+    """`BwrapSandbox` kwargs from the run's `--sandbox-*` limit flags (their defaults where `args`
+    lacks them, e.g. a test's namespace); a bad value is a ConfigError naming its flag."""
+    mib = {name: getattr(args, f"sandbox_{name}_mb", default)
+           for name, default in (("workspace", 1024), ("tmp", 256), ("shm", 64))}
+    cpu = getattr(args, "sandbox_cpu_seconds", 600)
+    concurrent = getattr(args, "sandbox_max_concurrent", 0)
+    for flag, value, least in (("--sandbox-workspace-mb", mib["workspace"], 0), ("--sandbox-tmp-mb", mib["tmp"], 1),
+                               ("--sandbox-shm-mb", mib["shm"], 1), ("--sandbox-cpu-seconds", cpu, 1),
+                               ("--sandbox-max-concurrent", concurrent, 0)):
+        if value < least:
+            raise ConfigError(f"{flag} {value}: must be at least {least}")
+    return dict(workspace_bytes=(mib["workspace"] << 20) or None, tmp_bytes=mib["tmp"] << 20,
+                shm_bytes=mib["shm"] << 20, cpu_seconds=cpu, max_concurrent=concurrent or None)
+
+
 def _key_hex(boot_key: str) -> str:
     """12 hex digits naming a boot key in workdir names (any string is a key; names stay short)."""
     return hashlib.sha256(boot_key.encode()).hexdigest()[:12]
