@@ -168,3 +168,29 @@ def test_the_sandbox_flags_reach_the_bwrap_constructor_with_their_defaults() -> 
     assert sandbox_options(types.SimpleNamespace(sandbox_backend="e2b")) == {}
     with pytest.raises(ConfigError, match="--sandbox-tmp-mb 0: must be at least 1"):
         flag_options(types.SimpleNamespace(sandbox_tmp_mb=0))
+
+
+async def test_a_worker_that_may_not_mount_boots_an_uncapped_workspace_and_warns_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Not root (no CAP_SYS_ADMIN): the mount itself fails with EPERM; the sandbox keeps working
+    over a plain host directory, as before the cap, and the process says so once."""
+    import errno
+
+    from vime.sandbox import bwrap
+
+    def no_mount(path: Path, size: int, uid: int | None) -> None:
+        raise OSError(errno.EPERM, "mount tmpfs: Operation not permitted", str(path))  # PermissionError
+
+    monkeypatch.setattr(bwrap, "_mount_tmpfs", no_mount)
+    monkeypatch.setattr(bwrap, "_warned_no_mount", False)
+    caplog.set_level("WARNING", logger=bwrap.__name__)
+    for _ in range(2):
+        async with BwrapSandbox(None, **CAPS, **LIMITS) as sb:
+            assert not os.path.ismount(sb.workdir)
+            await sb.write_file("a.txt", "ok")
+            assert (await sb.exec("cat a.txt; echo more > b.txt")).stdout == "ok"
+            assert (await sb.read_file("b.txt")) == b"more\n"
+    warnings = [r.getMessage() for r in caplog.records if r.name == bwrap.__name__]
+    assert len(warnings) == 1, warnings
+    assert "workspace_bytes" in warnings[0] and "--sandbox-workspace-mb" in warnings[0], warnings
+    assert "not root" in warnings[0] and "mount permission" in warnings[0], warnings

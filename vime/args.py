@@ -282,7 +282,7 @@ class VimeArgs:
     sandbox_backend: str = _sandbox("bwrap", "Sandbox backend: bwrap (local bubblewrap) or e2b.")
     sandbox_workspace_mb: int = _sandbox(
         1024, "bwrap: size cap of a sandbox's /workspace, MiB (a tmpfs mounted on the host: RAM); 0: an "
-              "uncapped host directory, for a worker that is not root and so cannot mount."
+              "uncapped host directory, which a worker that may not mount (not root) falls back to, warning once."
     )
     sandbox_tmp_mb: int = _sandbox(256, "bwrap: size cap of each command's private /tmp, MiB (RAM).")
     sandbox_shm_mb: int = _sandbox(64, "bwrap: size cap of each command's private /dev/shm, MiB (RAM).")

@@ -12,7 +12,8 @@ Every place a command can write has a size cap, because each would otherwise be 
 disk without bound: `/` and `/dev` are read-only, `/tmp` and `/dev/shm` are tmpfs of
 `tmp_bytes` / `shm_bytes`, and the workdir itself is a tmpfs of `workspace_bytes` mounted on
 the host at boot (so a write past any cap fails with ENOSPC inside, and nothing outlives
-`destroy`). The workdir is a host mount rather than a tmpfs of one bwrap because each `exec`
+`destroy`); a process that may not mount (not root) keeps it a plain, uncapped host directory
+and logs one warning. The workdir is a host mount rather than a tmpfs of one bwrap because each `exec`
 is a fresh bwrap and the workspace must persist between them (and be seen by every handle).
 At most `max_concurrent` commands run at once per process and event loop (the others wait
 before their clock starts), so a loaded host does not time out correct code.
@@ -46,6 +47,7 @@ import ctypes
 import errno
 import hashlib
 import json
+import logging
 import os
 import pwd
 import shutil
@@ -77,6 +79,8 @@ and a shell need. Not /home, /root, /work, /opt, /mnt, /srv, /var, /run, /sys or
 _SIGXCPU_RC = 128 + signal.SIGXCPU  # how bwrap reports a command killed by RLIMIT_CPU's soft limit
 _MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
 _libc = ctypes.CDLL(None, use_errno=True)
+_warned_no_mount = False  # the workspace cap's fallback is logged once per process
+log = logging.getLogger(__name__)
 _slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> {cap: Semaphore}
 _BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -95,8 +99,8 @@ class BwrapSandbox:
     default `exec` timeout. `max_output_bytes` caps what is kept of each of stdout / stderr (the
     head). `tmp_bytes` / `shm_bytes` / `workspace_bytes` cap the private `/tmp`, `/dev/shm` and
     `/workspace`: all tmpfs, i.e. RAM that `memory_bytes` does not count. `workspace_bytes=None`
-    leaves the workspace an uncapped host directory (for a process that may not mount, i.e. not
-    root); the others always have a cap. `max_concurrent` bounds the commands this process runs
+    leaves the workspace an uncapped host directory, as does a process that may not mount (not
+    root: one warning per process); the others always have a cap. `max_concurrent` bounds the commands this process runs
     at once (default: its CPU cores), shared by the sandboxes made with the same value.
     `system_dirs` are the host directories visible read-only (top-level symlinks kept as links);
     `ro_binds` are further host paths made visible read-only at the same path (a tool installed
@@ -177,12 +181,6 @@ class BwrapSandbox:
             raise ConfigError(f"sandbox {self.sandbox_id} is already running; boot() it once")
         if self.repo_dir is not None and not self.repo_dir.is_dir():
             raise ConfigError(f"sandbox repo_dir {str(self.repo_dir)!r} is not a directory")
-        if self.workspace_bytes is not None and os.geteuid() != 0:
-            raise ConfigError(
-                f"sandbox workspace_bytes={self.workspace_bytes}: capping /workspace mounts a tmpfs on "
-                "the host, which only root may do; run the worker as root, or pass "
-                "workspace_bytes=None (--sandbox-workspace-mb 0) for an uncapped workspace"
-            )
         base = Path(self.base_dir or tempfile.gettempdir())
         if self.boot_key is not None:
             await self._replace_keyed(base)
@@ -197,12 +195,6 @@ class BwrapSandbox:
         except BaseException as e:
             self.root = None
             _remove(root)
-            if isinstance(e, OSError) and e.errno == errno.EPERM and self.workspace_bytes is not None:
-                raise ConfigError(
-                    f"sandbox workspace_bytes={self.workspace_bytes}: this process may not mount the "
-                    f"workspace's tmpfs ({e}); give the worker CAP_SYS_ADMIN, or pass "
-                    "workspace_bytes=None (--sandbox-workspace-mb 0) for an uncapped workspace"
-                ) from e
             if _no_space(e):
                 raise SandboxError(
                     f"sandbox {self.sandbox_id} could not start: repo_dir {str(self.repo_dir)!r} does not "
@@ -430,7 +422,7 @@ class BwrapSandbox:
     def _populate(self) -> None:
         self.workdir.mkdir()
         if self.workspace_bytes is not None:
-            _mount_tmpfs(self.workdir, self.workspace_bytes, self.run_as_uid)
+            _mount_workspace(self.workdir, self.workspace_bytes, self.run_as_uid)
         if self.repo_dir is not None:
             shutil.copytree(self.repo_dir, self.workdir, symlinks=True, dirs_exist_ok=True)
         self._own_tree(self.root)
@@ -623,6 +615,21 @@ def _mount_tmpfs(path: Path, size: int, uid: int | None) -> None:
     if _libc.mount(b"vime-sbx", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode()):
         code = ctypes.get_errno()
         raise OSError(code, f"mount tmpfs {opts}: {os.strerror(code)}", str(path))
+
+
+def _mount_workspace(path: Path, size: int, uid: int | None) -> None:
+    """The workspace's capped tmpfs; where this process may not mount (not root, no
+    CAP_SYS_ADMIN: the mount itself fails with EPERM) it stays a plain, uncapped host directory,
+    as before the cap, and the first such boot of the process logs one warning saying why."""
+    global _warned_no_mount
+    try:
+        _mount_tmpfs(path, size, uid)
+    except PermissionError as e:
+        if not _warned_no_mount:
+            _warned_no_mount = True
+            log.warning("sandbox workspace_bytes=%d (--sandbox-workspace-mb) not applied, /workspace is "
+                        "an uncapped host directory: not root: the workspace cap needs mount "
+                        "permission (CAP_SYS_ADMIN; mount: %s)", size, e.strerror)
 
 
 def _unmount(path: Path) -> None:
