@@ -160,7 +160,7 @@ def test_the_sandbox_flags_reach_the_bwrap_constructor_with_their_defaults() -> 
     defaults = sandbox_options(parse_args([]))
     assert defaults == dict(workspace_bytes=1024 * MiB, tmp_bytes=256 * MiB, shm_bytes=64 * MiB,
                             cpu_seconds=600, max_concurrent=None)
-    assert BwrapSandbox(None).max_concurrent == len(os.sched_getaffinity(0))
+    assert BwrapSandbox(None).max_concurrent == max(8, 4 * len(os.sched_getaffinity(0)))
     args = parse_args(["--sandbox-workspace-mb", "0", "--sandbox-tmp-mb", "32", "--sandbox-shm-mb", "8",
                        "--sandbox-cpu-seconds", "60", "--sandbox-max-concurrent", "3"])
     assert sandbox_options(args, "/repo") == dict(workspace_bytes=None, tmp_bytes=32 * MiB, shm_bytes=8 * MiB,

@@ -292,7 +292,7 @@ class VimeArgs:
     )
     sandbox_max_concurrent: int = _sandbox(
         0, "bwrap: sandboxed commands one worker process runs at once; the others wait, their timeout "
-           "not yet started (0: the process's CPU cores)."
+           "not yet started (0: 4 per CPU core of the process, at least 8)."
     )
 
     # vLLM: vime's own --vllm-* flags, which take precedence over generated ones

@@ -100,8 +100,9 @@ class BwrapSandbox:
     head). `tmp_bytes` / `shm_bytes` / `workspace_bytes` cap the private `/tmp`, `/dev/shm` and
     `/workspace`: all tmpfs, i.e. RAM that `memory_bytes` does not count. `workspace_bytes=None`
     leaves the workspace an uncapped host directory, as does a process that may not mount (not
-    root: one warning per process); the others always have a cap. `max_concurrent` bounds the commands this process runs
-    at once (default: its CPU cores), shared by the sandboxes made with the same value.
+    root: one warning per process); the others always have a cap. `max_concurrent` bounds the
+    commands this process runs at once (default `default_max_concurrent()`: 4 per CPU core, at
+    least 8), shared by the sandboxes made with the same value.
     `system_dirs` are the host directories visible read-only (top-level symlinks kept as links);
     `ro_binds` are further host paths made visible read-only at the same path (a tool installed
     outside them, e.g. a checkout's node_modules, needs one). These apply per handle: an
@@ -145,7 +146,7 @@ class BwrapSandbox:
         self.max_output_bytes = max_output_bytes
         self.boot_key = boot_key
         self.tmp_bytes, self.shm_bytes, self.workspace_bytes = tmp_bytes, shm_bytes, workspace_bytes
-        self.max_concurrent = max_concurrent or len(os.sched_getaffinity(0))
+        self.max_concurrent = max_concurrent or default_max_concurrent()
         key_part = _key_hex(boot_key) if boot_key is not None else ""
         self.sandbox_id = f"bwrap-{key_part}{uuid.uuid4().hex[:8 if boot_key is not None else 12]}"
         self.replaced: list[str] = []
@@ -448,6 +449,14 @@ class BwrapSandbox:
             for name in dirnames + filenames:
                 self._own(Path(dirpath, name))
 
+
+
+def default_max_concurrent() -> int:
+    """4 commands per CPU core of this process, at least 8. Most sandboxed commands of an agent
+    wait (on I/O, a model, a sleeping test), and a long one holds its slot, so one per core would
+    queue a worker's concurrent rollouts behind each other; the bound is against a pile-up that
+    makes every command's wall clock run out, not against sharing cores."""
+    return max(8, 4 * len(os.sched_getaffinity(0)))
 
 
 def flag_options(args: object) -> dict:
