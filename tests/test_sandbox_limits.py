@@ -20,7 +20,7 @@ from vime.args import parse_args
 from vime.envs.coding_agent.config import sandbox_options
 from vime.errors import ConfigError
 from vime.sandbox import BwrapSandbox, SandboxError
-from vime.sandbox.bwrap import SYSTEM_DIRS, flag_options
+from vime.sandbox.bwrap_limits import SYSTEM_DIRS, flag_options
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
@@ -176,12 +176,12 @@ async def test_a_worker_that_may_not_mount_boots_an_uncapped_workspace_and_warns
     over a plain host directory, as before the cap, and the process says so once."""
     import errno
 
-    from vime.sandbox import bwrap
+    from vime.sandbox import bwrap_limits as bwrap
 
     def no_mount(path: Path, size: int, uid: int | None) -> None:
         raise OSError(errno.EPERM, "mount tmpfs: Operation not permitted", str(path))  # PermissionError
 
-    monkeypatch.setattr(bwrap, "_mount_tmpfs", no_mount)
+    monkeypatch.setattr(bwrap, "mount_tmpfs", no_mount)
     monkeypatch.setattr(bwrap, "_warned_no_mount", False)
     caplog.set_level("WARNING", logger=bwrap.__name__)
     for _ in range(2):

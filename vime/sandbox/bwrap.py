@@ -8,15 +8,12 @@ read-only plus the `ro_binds` asked for, never homes, checkouts or data trees; `
 `/dev/shm` are private; every namespace is unshared (no network unless `network=True`), and the
 command runs under `prlimit` (RLIMIT_CPU / RLIMIT_AS / RLIMIT_NPROC) plus a wall-clock timeout.
 
-Every place a command can write has a size cap, because each would otherwise be host RAM or
-disk without bound: `/` and `/dev` are read-only, `/tmp` and `/dev/shm` are tmpfs of
-`tmp_bytes` / `shm_bytes`, and the workdir itself is a tmpfs of `workspace_bytes` mounted on
-the host at boot (so a write past any cap fails with ENOSPC inside, and nothing outlives
-`destroy`); a process that may not mount (not root) keeps it a plain, uncapped host directory
-and logs one warning. The workdir is a host mount rather than a tmpfs of one bwrap because each `exec`
-is a fresh bwrap and the workspace must persist between them (and be seen by every handle).
-At most `max_concurrent` commands run at once per process and event loop (the others wait
-before their clock starts), so a loaded host does not time out correct code.
+Every place a command can write has a size cap (host RAM or disk otherwise): `/` and `/dev`
+are read-only, `/tmp`, `/dev/shm` and the workdir are tmpfs of `tmp_bytes` / `shm_bytes` /
+`workspace_bytes` (the workdir's mounted on the host at boot, so it persists between the fresh
+bwraps; uncapped, with one warning, where the process may not mount), and at most
+`max_concurrent` commands run at once per process, their clocks started once they have a slot.
+Those mounts and limits live in `bwrap_limits.py`.
 
 Why the details matter:
 - Running as root, bwrap itself is started as `run_as_uid` (default 65534, "nobody"): the kernel
@@ -43,11 +40,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import errno
 import hashlib
 import json
-import logging
 import os
 import pwd
 import shutil
@@ -56,7 +50,6 @@ import stat
 import tempfile
 import time
 import uuid
-import weakref
 from pathlib import Path, PurePosixPath
 
 from vime.sandbox.base import (
@@ -69,19 +62,13 @@ from vime.sandbox.base import (
     _show,
 )
 from vime.errors import ConfigError
+from vime.sandbox.bwrap_limits import (  # the mounts and limits: what a sandbox may take from its host
+    SIGXCPU_RC, SYSTEM_DIRS, check_caps, default_max_concurrent, mount_workspace, no_space, prlimit_args,
+    resolver_binds, slot, system_binds, unmount,
+)
 
 _PREFIX = "vime-sbx-"
 _TOMBSTONE = ".gone"
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
-"""What of the host a sandbox sees by default (read-only): the runtime that python3, git, node
-and a shell need. Not /home, /root, /work, /opt, /mnt, /srv, /var, /run, /sys or the host's
-/tmp: add what a task needs on purpose with `ro_binds`."""
-_SIGXCPU_RC = 128 + signal.SIGXCPU  # how bwrap reports a command killed by RLIMIT_CPU's soft limit
-_MS_NOSUID, _MS_NODEV, _MNT_DETACH = 2, 4, 2
-_libc = ctypes.CDLL(None, use_errno=True)
-_warned_no_mount = False  # the workspace cap's fallback is logged once per process
-log = logging.getLogger(__name__)
-_slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # loop -> {cap: Semaphore}
 _BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": "/tmp",
@@ -132,7 +119,7 @@ class BwrapSandbox:
         max_concurrent: int | None = None,
         system_dirs: tuple[str, ...] | list[str] = SYSTEM_DIRS,
     ):
-        _check_caps(tmp_bytes=tmp_bytes, shm_bytes=shm_bytes, cpu_seconds=cpu_seconds,
+        check_caps(tmp_bytes=tmp_bytes, shm_bytes=shm_bytes, cpu_seconds=cpu_seconds,
                     workspace_bytes=workspace_bytes, max_concurrent=max_concurrent)
         self.repo_dir = Path(repo_dir) if repo_dir is not None else None
         self.ro_binds = tuple(str(Path(b).resolve()) for b in ro_binds)
@@ -196,7 +183,7 @@ class BwrapSandbox:
         except BaseException as e:
             self.root = None
             _remove(root)
-            if _no_space(e):
+            if no_space(e):
                 raise SandboxError(
                     f"sandbox {self.sandbox_id} could not start: repo_dir {str(self.repo_dir)!r} does not "
                     f"fit in workspace_bytes={self.workspace_bytes}; raise it (--sandbox-workspace-mb)"
@@ -249,7 +236,7 @@ class BwrapSandbox:
         when it has one, so commands queued behind others are not failed by the wait.
         """
         self._check_alive()
-        async with _slot(self.max_concurrent):
+        async with slot(self.max_concurrent):
             return await self._exec(cmd, env, self.wall_timeout if timeout is None else timeout,
                                     user, check, cwd)
 
@@ -305,7 +292,7 @@ class BwrapSandbox:
                 f"): {_text(err).strip()[-500:]}"
             )
         rc = status["exit-code"]
-        result = ExecResult(rc, _text(out), _text(err), "cpu_seconds" if rc == _SIGXCPU_RC else None)
+        result = ExecResult(rc, _text(out), _text(err), "cpu_seconds" if rc == SIGXCPU_RC else None)
         if check and result.rc != 0:
             raise CommandFailed(cmd, result)
         return result
@@ -378,8 +365,8 @@ class BwrapSandbox:
     def _bwrap_argv(self, argv: list[str], user: str | int | None, cwd: str | None, fd: int):
         args = [self._bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
         if self.network:
-            args += ["--share-net", *_resolver_binds()]
-        args += _system_binds(self.system_dirs)
+            args += ["--share-net", *resolver_binds()]
+        args += system_binds(self.system_dirs)
         for path in self.ro_binds:  # host paths a task needs on purpose: visible, read-only
             args += ["--ro-bind", path, path]
         # every writable mount is capped: a tmpfs is RAM that RLIMIT_AS does not count
@@ -389,11 +376,9 @@ class BwrapSandbox:
         if user is not None:
             uid = _uid(user)
             args += ["--unshare-user", "--uid", str(uid), "--gid", str(uid)]
-        args += ["--json-status-fd", str(fd), "--", self._prlimit]
-        # the soft limit's SIGXCPU makes a result that says so; the hard one, a second later, SIGKILLs
-        args += [f"--cpu={self.cpu_seconds}:{self.cpu_seconds + 1}", f"--as={self.memory_bytes}"]
-        args += [f"--nproc={self.max_processes}", "--", *argv]
-        return args
+        args += ["--json-status-fd", str(fd), "--"]
+        args += prlimit_args(self._prlimit, self.cpu_seconds, self.memory_bytes, self.max_processes)
+        return args + argv
 
     def _drop_privileges(self) -> dict:
         if self.run_as_uid is None:
@@ -423,7 +408,7 @@ class BwrapSandbox:
     def _populate(self) -> None:
         self.workdir.mkdir()
         if self.workspace_bytes is not None:
-            _mount_workspace(self.workdir, self.workspace_bytes, self.run_as_uid)
+            mount_workspace(self.workdir, self.workspace_bytes, self.run_as_uid)
         if self.repo_dir is not None:
             shutil.copytree(self.repo_dir, self.workdir, symlinks=True, dirs_exist_ok=True)
         self._own_tree(self.root)
@@ -448,31 +433,6 @@ class BwrapSandbox:
         for dirpath, dirnames, filenames in os.walk(top):
             for name in dirnames + filenames:
                 self._own(Path(dirpath, name))
-
-
-
-def default_max_concurrent() -> int:
-    """4 commands per CPU core of this process, at least 8. Most sandboxed commands of an agent
-    wait (on I/O, a model, a sleeping test), and a long one holds its slot, so one per core would
-    queue a worker's concurrent rollouts behind each other; the bound is against a pile-up that
-    makes every command's wall clock run out, not against sharing cores."""
-    return max(8, 4 * len(os.sched_getaffinity(0)))
-
-
-def flag_options(args: object) -> dict:
-    """`BwrapSandbox` kwargs from the run's `--sandbox-*` limit flags (their defaults where `args`
-    lacks them, e.g. a test's namespace); a bad value is a ConfigError naming its flag."""
-    mib = {name: getattr(args, f"sandbox_{name}_mb", default)
-           for name, default in (("workspace", 1024), ("tmp", 256), ("shm", 64))}
-    cpu = getattr(args, "sandbox_cpu_seconds", 600)
-    concurrent = getattr(args, "sandbox_max_concurrent", 0)
-    for flag, value, least in (("--sandbox-workspace-mb", mib["workspace"], 0), ("--sandbox-tmp-mb", mib["tmp"], 1),
-                               ("--sandbox-shm-mb", mib["shm"], 1), ("--sandbox-cpu-seconds", cpu, 1),
-                               ("--sandbox-max-concurrent", concurrent, 0)):
-        if value < least:
-            raise ConfigError(f"{flag} {value}: must be at least {least}")
-    return dict(workspace_bytes=(mib["workspace"] << 20) or None, tmp_bytes=mib["tmp"] << 20,
-                shm_bytes=mib["shm"] << 20, cpu_seconds=cpu, max_concurrent=concurrent or None)
 
 
 def _key_hex(boot_key: str) -> str:
@@ -580,85 +540,9 @@ def _skip_ws(text: str, i: int) -> int:
     return len(text) - len(text[i:].lstrip())
 
 
-def _system_binds(system_dirs: tuple[str, ...]) -> list[str]:
-    """The allow-listed host directories read-only (symlinks, e.g. /bin -> usr/bin, recreated);
-    the ones this host lacks are skipped, so one list serves merged-/usr and older layouts."""
-    args: list[str] = []
-    for path in system_dirs:
-        if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.exists(path):
-            args += ["--ro-bind", path, path]
-    return args
-
-
-def _resolver_binds() -> list[str]:
-    """With the network on, DNS needs /etc/resolv.conf's target, which systemd hosts keep in /run."""
-    return ["--ro-bind-try", "/run/systemd/resolve", "/run/systemd/resolve"]
-
-
-def _check_caps(**caps: int | None) -> None:
-    """Every cap a positive integer; only `workspace_bytes` and `max_concurrent` may be None."""
-    for name, value in caps.items():
-        if value is None and name in ("workspace_bytes", "max_concurrent"):
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"sandbox {name}={value!r}: must be a positive integer (every writable "
-                              "mount and every command needs a bound)")
-
-
-def _slot(cap: int) -> asyncio.Semaphore:
-    """The semaphore of `cap` commands shared by this event loop's sandboxes made with `cap`.
-
-    Per loop, since an asyncio semaphore belongs to one; a worker runs one loop, so per process.
-    """
-    per_loop = _slots.setdefault(asyncio.get_running_loop(), {})
-    return per_loop.setdefault(cap, asyncio.Semaphore(cap))
-
-
-def _mount_tmpfs(path: Path, size: int, uid: int | None) -> None:
-    """Mount a tmpfs of `size` bytes at `path`; inodes are bounded too (each costs kernel memory)."""
-    opts = f"size={size},nr_inodes={max(size // 4096, 1024)},mode=0755"
-    if uid is not None:
-        opts += f",uid={uid},gid={uid}"
-    if _libc.mount(b"vime-sbx", os.fsencode(path), b"tmpfs", _MS_NOSUID | _MS_NODEV, opts.encode()):
-        code = ctypes.get_errno()
-        raise OSError(code, f"mount tmpfs {opts}: {os.strerror(code)}", str(path))
-
-
-def _mount_workspace(path: Path, size: int, uid: int | None) -> None:
-    """The workspace's capped tmpfs; where this process may not mount (not root, no
-    CAP_SYS_ADMIN: the mount itself fails with EPERM) it stays a plain, uncapped host directory,
-    as before the cap, and the first such boot of the process logs one warning saying why."""
-    global _warned_no_mount
-    try:
-        _mount_tmpfs(path, size, uid)
-    except PermissionError as e:
-        if not _warned_no_mount:
-            _warned_no_mount = True
-            log.warning("sandbox workspace_bytes=%d (--sandbox-workspace-mb) not applied, /workspace is "
-                        "an uncapped host directory: not root: the workspace cap needs mount "
-                        "permission (CAP_SYS_ADMIN; mount: %s)", size, e.strerror)
-
-
-def _unmount(path: Path) -> None:
-    """Detach the workspace's tmpfs if `path` is one; its memory is freed once no process uses it."""
-    if os.path.ismount(path) and _libc.umount2(os.fsencode(path), _MNT_DETACH):
-        code = ctypes.get_errno()
-        if code not in (errno.EINVAL, errno.ENOENT):
-            raise OSError(code, f"umount: {os.strerror(code)}", str(path))
-
-
-def _no_space(e: BaseException) -> bool:
-    """ENOSPC, also inside the list of per-file errors that `shutil.copytree` raises at its end."""
-    if isinstance(e, shutil.Error) and e.args and isinstance(e.args[0], list):
-        return any(os.strerror(errno.ENOSPC) in str(item[-1]) for item in e.args[0])
-    return isinstance(e, OSError) and e.errno == errno.ENOSPC
-
-
 def _remove(root: Path) -> None:
     """Remove a sandbox's directory, its workspace's mount first (rmtree cannot remove a mount)."""
-    _unmount(root / "workspace")
+    unmount(root / "workspace")
     _rmtree(root)
 
 

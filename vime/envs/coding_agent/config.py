@@ -36,7 +36,7 @@ def sandbox_options(args: Any, repo_dir: str | None = None) -> dict[str, Any]:
     Code CLI must reach the adapter on the host, so its bubblewrap sandboxes keep the network)."""
     options: dict[str, Any] = {}
     if args.sandbox_backend == "bwrap":
-        from vime.sandbox.bwrap import flag_options
+        from vime.sandbox.bwrap_limits import flag_options
 
         options.update(flag_options(args))
     if coding_flags(args).agent_harness == "claude_code" and args.sandbox_backend == "bwrap":

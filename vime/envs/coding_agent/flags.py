@@ -28,7 +28,7 @@ def check(args: Any) -> None:
     if flags.agent_command_timeout <= 0:
         raise ConfigError(f"--agent-command-timeout {flags.agent_command_timeout}: must be positive seconds")
     if getattr(args, "sandbox_backend", "bwrap") == "bwrap":
-        from vime.sandbox.bwrap import flag_options
+        from vime.sandbox.bwrap_limits import flag_options
 
         flag_options(args)  # a bad --sandbox-* limit fails here, before any service starts
 
