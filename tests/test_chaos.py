@@ -113,8 +113,9 @@ def test_kill_9_of_the_launcher_then_ctrl_c_three_times_and_the_run_resumes_each
         training_server, tiny_model_dir, tmp_path, capsys):
     # Each rerun is stopped as soon as it printed a step. Steps of this tiny run take ~0.3 s, and
     # the steps in hand when Ctrl-C comes finish while the workers shut down (up to 4 in a run
-    # under load): 24 steps leave the final rerun some to train.
-    run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), steps=24)
+    # under load), and the rerun that also asks `vime status` (a CLI start, seconds under load)
+    # trained 16 steps before its Ctrl-C in one CI run: 40 steps leave the final rerun some to train.
+    run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), steps=40)
     try:
         run.start()
         run.wait_for_step(2, STEP_TIMEOUT)
