@@ -54,6 +54,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     durations = load_durations()
     groups = split_groups([item.nodeid for item in items], groups, durations)
     for item, group in zip(items, groups):
+        item.stash[_GROUP] = group
         if group is None:
             continue
         _remaining_users[group] += 1
@@ -62,8 +63,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item._id = NodeId.parse(f"{item.nodeid}@{group}")
     order = cost_order([item.nodeid for item in items], groups, durations)
     items[:] = [items[i] for i in order]
-    for item, group in zip(items, [groups[i] for i in order]):
-        item.stash[_GROUP] = group
 
 
 def _fixture_scopes(item: pytest.Item) -> dict[str, str]:
@@ -88,7 +87,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def _shared(server_fixture: str, server):
-    """Register a started session server for stopping after its group's last test."""
+    """Register a started session server for stopping after its group's last test. A server of a
+    group in `SPLIT_GROUPS` is registered under a name no part carries: it stays up to the end."""
     key = SERVER_GROUPS[server_fixture]
     _started_servers.setdefault(_group_of_key.get(key, key), []).append(server)
     return server
