@@ -29,6 +29,7 @@ from vime.rollout.data_source import make_data_source
 from vime.rollout.filters import apply_dynamic_filter
 from vime.rollout.generate import router_url
 from vime.rollout.group import run_group
+from vime.rollout.policy_check import check_on_policy
 from vime.run_args import RunArgs, stored_config
 from vime.sample_summary import failure_of, preview
 from vime.store import SampleStore
@@ -121,6 +122,7 @@ class RolloutActivities:
         async with heartbeating():
             results = await run_group(args, group, evaluation=inp.evaluation)
             await self._retry_if_infra(args, results, f"group {inp.position}")
+        check_on_policy((s for r in results for s in r), inp.weight_version, f"group {inp.position} of step {inp.step}")
         keep, reason = apply_dynamic_filter(args, [s for r in results for s in r])
         for rid, siblings in zip(ids, results):
             for s in siblings:
@@ -146,6 +148,7 @@ class RolloutActivities:
         async with heartbeating():
             groups = await call_hook_async(fn, args, inp.step, source, evaluation=False)
             await self._retry_if_infra(args, [list(g) for g in groups], f"rollout step {inp.step}")
+        check_on_policy((s for g in groups for s in g), inp.weight_version, f"rollout step {inp.step}")
         outputs = []
         for g, group in enumerate(groups):
             by_rollout: dict[str, list[Sample]] = {}

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 from vime.procs import leftover_processes
+from vime.rollout.policy_check import sampled_versions
+from vime.train.group import trainable
 from vime.store import SampleStore
 
 REPO = Path(__file__).resolve().parent.parent
@@ -158,6 +160,22 @@ class TrainRun:
         with SampleStore.open(self.run_dir) as store:
             assert store.count_samples(self.run_id) == self.steps * self.groups * self.n
             assert store.count_samples(self.run_id, untrained=True) == 0
+
+    def assert_on_policy(self, max_staleness: int = 0) -> dict[int, list[int]]:
+        """Every trained sample of step k was sampled under policy version k - max_staleness ... k
+        (version k is the policy after k steps: vLLM reports it per response, `"default"` for
+        the base checkpoint, i.e. 0). Returns each step's versions, for the test's report."""
+        seen: dict[int, list[int]] = {}
+        with SampleStore.open(self.run_dir) as store:
+            for step in sorted(store.trained_counts(self.run_id)):
+                for sample in filter(trainable, store.read_step_samples(self.run_id, step)):
+                    versions = sampled_versions(sample)
+                    assert versions, f"step {step}: a sample without a reported policy version"
+                    assert all(v is not None and step - max_staleness <= v <= step for v in versions), (
+                        f"step {step} trained a sample of policy version {sample.weight_versions} "
+                        f"(bound {step - max_staleness}..{step}):\n{self.tail()}")
+                    seen.setdefault(step, []).extend(v for v in versions if v not in seen.get(step, []))
+        return seen
 
     def assert_nothing_left(self, timeout: float = 30) -> None:
         self.wait_for_nothing_left(timeout)

@@ -104,6 +104,40 @@ def test_a_run_survives_each_of_its_parts_dying(tiny_model_dir, tmp_path, capsys
         assert "worker rollout died" in out and "worker trainer died" in out
         assert f"finished: {run.steps} steps" in out
         run.assert_trained_exactly_once()
+        run.assert_on_policy()
+        run.assert_nothing_left()
+    finally:
+        run.kill_all()
+
+
+def test_sigterm_before_the_first_checkpoint_and_kill_9_after_it_and_every_trained_sample_is_on_policy(
+        tiny_model_dir, tmp_path, capsys):
+    """The launch starts its own vLLM server, so each rerun's server boots the base checkpoint
+    while the run stands at step k: the step's rollouts, retried on the new workers before the
+    trainer has replayed and synced, must not be trained (they were, at version `default`, with
+    every count matching). Cost: three launches, each with its own vLLM start (~3-4 min here)."""
+    # 64-token responses make a step's rollouts the longest part of it (~2 s of ~3 s), so each
+    # fault lands while the next step's groups are being sampled
+    run = TrainRun(tmp_path, tiny_model_dir, "--vllm-max-model-len", "512", "--save-interval", "8",
+                   "--rollout-max-response-len", "64", steps=20, groups=4)
+    try:
+        run.start()
+        run.wait_for_step(2, STEP_TIMEOUT)  # the next step's rollouts are in flight
+        assert run.stop(signal.SIGTERM) == 143, run.tail()
+        stopped_at = run.steps_done()
+        assert stopped_at < 8, f"the first checkpoint (step 8) came before the SIGTERM took:\n{run.tail()}"
+        run.assert_nothing_left()
+        run.start()
+        run.wait_for_step(9, STEP_TIMEOUT)  # past the first checkpoint
+        run.process.kill()
+        run.process.wait()
+        run.wait_for_nothing_left(30)
+        killed_at = run.steps_done()
+        assert run.run_to_end(STEP_TIMEOUT) == 0, run.tail()
+        run.assert_trained_exactly_once()
+        versions = run.assert_on_policy()
+        report(capsys, f"SIGTERM after step {stopped_at}, kill -9 of the launcher after step {killed_at}: every "
+                       f"trained sample of step k came from policy version k ({len(versions)} steps checked)")
         run.assert_nothing_left()
     finally:
         run.kill_all()
@@ -148,6 +182,7 @@ def test_kill_9_of_the_launcher_then_ctrl_c_three_times_and_the_run_resumes_each
         left = run.steps - trained_before
         assert left <= trained_now <= left + 1
         run.assert_trained_exactly_once()
+        run.assert_on_policy()
         run.assert_nothing_left()
         ended = json.loads(vime_status(run))
         assert (ended["source"], ended["state"], ended["step"]) == ("store", "finished", run.steps), ended

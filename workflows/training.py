@@ -99,6 +99,7 @@ KEEP_METRICS = 100
 METRICS_FILE_PATCH = "metrics-jsonl"  # workflows recorded before metrics.jsonl replay without it
 REGISTER_RUN_PATCH = "register-run"  # workflows recorded before runs carried their flags
 RELEASE_TRAINER_PATCH = "release-trainer"  # workflows recorded before trainers were leased
+RESYNC_PATCH = "resync-while-collecting"  # workflows recorded before a lost trainer was re-attached at once
 MAX_TRAINER_ERRORS = 3
 
 
@@ -222,7 +223,7 @@ class TrainingWorkflow:
                         prefetch[s] = asyncio.create_task(self._prepare(s, self.state.weight_version))
             self.phase = "rollout"
             t0 = workflow.time()
-            prepared = await (self._take(step) if self.pool else prefetch.pop(step))
+            prepared = await self._await_rollouts(self._take(step) if self.pool else prefetch.pop(step))
             t1 = workflow.time()
             metrics = await self._train(step)
             self.state.step = step + 1
@@ -245,7 +246,8 @@ class TrainingWorkflow:
             steps_this_run += 1
             if self.state.step < cfg.num_rollout and self._continue_as_new_due(steps_this_run):
                 self.phase = "continue-as-new"
-                await asyncio.gather(*prefetch.values())  # each records its manifest: the next run trains it
+                # each records its manifest: the next run trains it
+                await self._await_rollouts(asyncio.gather(*prefetch.values()))
                 if self.pool:  # the groups in flight finish; the next run gets them with its input
                     self.state.queued = await self.pool.drain()
                 await workflow.wait_condition(workflow.all_handlers_finished)
@@ -301,6 +303,21 @@ class TrainingWorkflow:
         self.recorded = {r.step: r for r in found}
         if found:
             self.state.data_position = max(self.state.data_position, *(r.next_position for r in found))
+
+    async def _await_rollouts(self, pending):
+        """Wait for a step's rollouts (`pending`). A trainer lost meanwhile is re-attached now, not when the
+        step trains: a relaunch (after SIGTERM, Ctrl-C or kill -9 of the launcher) brings servers
+        up on the base checkpoint, and attaching pushes the run's policy to them. Until then the
+        groups sampled there fail as stale (`vime.rollout.policy_check`) and are sampled again:
+        no step trains on the wrong weights, and none waits a whole trainer timeout to find out."""
+        task = asyncio.ensure_future(pending)
+        while not task.done():
+            await workflow.wait_condition(lambda: task.done() or self.trainer is None)
+            if task.done() or not workflow.patched(RESYNC_PATCH):
+                break
+            await self._with_trainer("attach", _attached)
+            self.phase = "rollout"
+        return await task
 
     async def _prepare(self, step: int, weight_version: int) -> RecordedStep:
         """The step's manifest: recorded earlier, or collected now and recorded."""

@@ -18,6 +18,7 @@ from typing import Any
 from activities.rollout import summarize
 from activities.store_calls import store_call
 from vime.rollout.data_source import make_data_source
+from vime.rollout.policy_check import check_on_policy
 from vime.types import Sample
 from workflows.rollout import RolloutInput, RolloutOutput
 
@@ -34,7 +35,11 @@ async def prompt_group(args: Any, position: int) -> list[Sample]:
 
 async def store_group(store: Any, inp: RolloutInput, rollouts: Mapping[str, Sequence[Sample]]) -> RolloutOutput:
     """Store the group's rollouts (rollout id -> its samples, in order) and return its summary;
-    every sample gets its `rollout_id` and the policy version it was sampled under."""
+    every sample gets its `rollout_id` and the policy version it was sampled under. A group
+    sampled (partly) from weights older than `inp.weight_version` (a restarted server not synced
+    yet) raises `StalePolicyError`: the activity is retried, and samples again."""
+    check_on_policy((s for samples in rollouts.values() for s in samples), inp.weight_version,
+                    f"group {inp.position} of step {inp.step}")
     for rid, samples in rollouts.items():
         for s in samples:
             s.rollout_id = rid

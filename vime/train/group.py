@@ -12,7 +12,9 @@ from typing import Any
 
 from vime.errors import ConfigError
 from vime.log import get_logger
+from vime.rollout.policy_check import is_stale
 from vime.run_args import RunArgs, serves_own_run
+from vime.sample_summary import versions_text
 from vime.store import SampleStore
 from vime.train import distributed as dist_utils
 from vime.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -121,6 +123,7 @@ class TrainerGroup:
         stored = self.store.read_step_samples(run_id, step)
         keyed = [(key, s) for key, s in zip(sample_keys(stored), stored) if trainable(s)]
         samples = [s for _, s in keyed]
+        self._refuse_stale(run_id, step, samples)
         if not samples:
             raise ConfigError(f"step {step} of run {run_id!r} has no trainable sample (every one failed or is "
                               f"empty); nothing to train on")
@@ -129,6 +132,19 @@ class TrainerGroup:
             self.store.mark_trained(run_id, [key for key, _ in keyed], step)
         self.results = {step: result}
         return result.metrics
+
+    def _refuse_stale(self, run_id: str, step: int, samples: list) -> None:
+        """The last line of the on-policy guarantee: a step never trains a sample sampled under
+        weights older than the version its manifest records (the rollout activities re-sample
+        such groups before storing them; see `vime.rollout.policy_check`)."""
+        manifest = self.store.read_step_manifest(run_id, step)
+        bound = manifest.weight_version if manifest is not None else 0
+        stale = [s for s in samples if is_stale(s, bound)]
+        if stale:
+            seen = sorted({versions_text(s.weight_versions) for s in stale})
+            raise ConfigError(f"step {step} of run {run_id!r} holds {len(stale)} sample(s) from policy version "
+                              f"{', '.join(seen)}, older than the {bound} its rollouts started under; not training "
+                              "on them (a rollout environment stored them without vime's version check)")
 
     def state_dict_and_probe(self) -> tuple[dict, list[int], list[float]]:
         """Full weights (rank 0) and the trainer's logprobs of a fixed probe sequence."""
