@@ -65,11 +65,12 @@ def summarize(position: int, ids: list[str], results: list[list[Sample]], keep: 
     errors = [s for s in samples if s.status == Sample.Status.FAILED and s not in infra]
     rewards = [r[-1].reward for r in results if r and isinstance(r[-1].reward, (int, float))
                and not (r[-1].metadata or {}).get("infra_failure")]
-    first = next(((s.metadata or {}) for s in errors if (s.metadata or {}).get("hook_failure")),
-                 next(((s.metadata or {}) for s in errors), None))
+    metas = [s.metadata or {} for s in errors]
+    first = next((m for m in metas if m.get("hook_failure")), metas[0] if metas else None)
     first_error = None
-    if first is not None:
-        first_error = first.get("hook_failure") or f"{first.get('error_source', 'generate')} failed: {first.get('error')}"
+    if first is not None:  # a hook's failure names itself; other errors are named here
+        first_error = first.get("hook_failure") or f"{first.get('error_source', 'generate')} failed: " \
+            f"{first.get('error')}"
     failed = bool(samples) and len(infra) == len(samples)
     return RolloutOutput(position, ids, keep=keep and not failed, filter_reason=reason,
                          reward_mean=sum(rewards) / len(rewards) if rewards else None,

@@ -123,7 +123,7 @@ def test_a_reward_function_that_raises_on_every_sample_stops_the_run_in_one_line
     assert run.run_to_end(300) == 2
     line = one_line_error(run.output())
     assert "step 0: every one of its 8 samples failed" in line, line
-    assert "--custom-rm-path 'bad_reward.score' raised ZeroDivisionError" in line and "(bad_reward.py:3)" in line, line
+    assert "--custom-rm-path 'bad_reward.score' raised ZeroDivisionError" in line and "bad_reward.py:3)" in line, line
     assert time.monotonic() - t0 < 60, f"{time.monotonic() - t0:.0f} s"
     with SampleStore.open(run.run_dir) as store:  # kept, FAILED, for `vime samples` to show
         assert store.count_samples(run.run_id, status="failed") == stored_samples(run.run_dir) == 8

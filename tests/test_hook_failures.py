@@ -216,7 +216,7 @@ def stored(run: TrainRun) -> list[Sample]:
 @pytest.mark.vllm
 def test_a_flaky_reward_trains_to_the_end_with_its_failures_counted_and_never_trained(
         training_server, tiny_model_dir, tmp_path):
-    """Cost: one 3-step run of 4 groups x 4 samples (~60-90 s on 2 cores). The steps draw one
+    """Cost: one 3-step run of 4 groups x 4 samples (~100 s on 2 busy cores). The steps draw one
     replacement group each (the sample positions are fixed, so the failures are too)."""
     write(tmp_path / "flaky.py", FLAKY)
     run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), "--custom-rm-path", "flaky.score",
@@ -244,7 +244,7 @@ def test_a_flaky_reward_trains_to_the_end_with_its_failures_counted_and_never_tr
 @pytest.mark.vllm
 def test_a_reward_that_hangs_on_every_sample_stops_the_run_with_its_named_timeout(
         training_server, tiny_model_dir, tmp_path):
-    """Cost: one run that stops in its first step (~30-40 s on 2 cores). Odd samples block in a
+    """Cost: one run that stops in its first step (~85 s on 2 busy cores). Odd samples block in a
     thread (time.sleep), even ones never end on the worker's loop (an awaitable): both time out."""
     write(tmp_path / "hang.py", HANGS)
     run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), "--custom-rm-path", "hang.score",

@@ -15,12 +15,13 @@ Invariants of the result, relied on by the store and the trainer:
   that reward; a generate function may instead reward each sibling itself (a multi-agent
   system scoring each role's turn), and those rewards are kept;
 - a failed generate never fails the group: a generate that raised, or ran past
-  `--custom-generate-timeout`, becomes a FAILED copy of the input sample with `metadata["error"]`,
-  the hook that raised in `metadata["error_source"]` and one line naming the hook, the sample and
-  the file:line in `metadata["hook_failure"]`; when the error is an infrastructure one (`is_infra_error`: engine down, a cut connection, a
-  5xx, no progress) `metadata["infra_failure"]` holds the cause, its reward stays None and it is
-  kept out of advantage statistics; other failures (the model or the agent broke something, an
-  HTTP 4xx the hook's request earned) get `FAILED_REWARD`, an ordinary low reward. A
+  `--custom-generate-timeout`, becomes a FAILED copy of the input sample with `metadata["error"]`
+  and the hook that raised in `metadata["error_source"]`. When the error is an infrastructure
+  one (`is_infra_error`: engine down, a cut connection, a 5xx, no progress)
+  `metadata["infra_failure"]` holds the cause, its reward stays None and it is kept out of
+  advantage statistics. Other failures (the model or the agent broke something, an HTTP 4xx the
+  hook's request earned, a timeout) are the hook's: `metadata["hook_failure"]` holds one line
+  naming the hook, the sample and the file:line, and the reward is `FAILED_REWARD`. A
   `ConfigError` (a misconfiguration, a hook breaking the Sample contract, a reward that is NaN or
   not a number) is not data and propagates;
 - a reward function that raised or timed out on a rollout (`SampleRewardError`) fails that
