@@ -74,8 +74,8 @@ def claude_code_available() -> bool:
 
 def claude_code_binds(binary: str | None = None) -> list[str]:
     """Host paths a bubblewrap sandbox must bind (`BwrapSandbox(ro_binds=...)`) for the CLI to
-    be visible inside it: the `node_modules` tree that holds it (or its directory). Everything
-    outside the host's `/tmp` is visible anyway; a checkout under `/tmp` is not."""
+    be visible inside it: the `node_modules` tree that holds it (or its directory). A sandbox sees
+    only the host's system directories (/usr, /etc, ...), so a CLI anywhere else needs these."""
     binary = binary or find_claude_code()
     if binary is None:
         return []
@@ -127,7 +127,7 @@ async def run_claude_code(sandbox: Sandbox, base_url: str, session_id: str, prom
                                 "(npm install @anthropic-ai/claude-code) or set VIME_CLAUDE_BIN")
     if not (await sandbox.exec(["test", "-x", binary])).ok:
         raise FileNotFoundError(f"Claude Code at {binary} is not visible inside sandbox {sandbox.sandbox_id}: "
-                                "bind it in (BwrapSandbox(ro_binds=claude_code_binds())) or install it outside /tmp")
+                                "bind it in (BwrapSandbox(ro_binds=claude_code_binds())) or install it under /usr")
     argv = [binary, "-p", prompt, "--output-format", "json", "--dangerously-skip-permissions"]
     if max_turns is not None:
         argv += ["--max-turns", str(max_turns)]
