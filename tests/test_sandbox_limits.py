@@ -109,6 +109,38 @@ async def test_a_host_file_outside_the_bound_paths_cannot_be_read(hidden_file: P
         assert (await sb.exec(["cat", str(hidden_file)])).stdout == "host secret\n"  # bound on purpose
 
 
+@pytest.fixture
+def checkout_under_tmp() -> Iterator[Path]:
+    """A checkout where CI clones one (/tmp/ciN: directly under the host's /tmp, mode 0755),
+    holding a tool in node_modules as Claude Code's is."""
+    top = Path(tempfile.mkdtemp(prefix="vime-ci-", dir=tempfile.gettempdir()))
+    top.chmod(0o755)
+    tool = top / "node_modules" / ".bin"
+    tool.mkdir(parents=True)
+    (tool / "cli").write_text("#!/bin/sh\necho cli ran from $0\n")
+    (tool / "cli").chmod(0o755)
+    (top / "README.md").write_text("not bound\n")
+    try:
+        yield top
+    finally:
+        shutil.rmtree(top)
+
+
+async def test_a_host_path_bound_from_under_tmp_stays_visible_over_the_private_tmp(
+        checkout_under_tmp: Path) -> None:
+    """bwrap mounts in argument order: the private /tmp once covered a bound path under /tmp, so
+    Claude Code bound from a CI clone in /tmp/ciN was missing inside. The bound path is seen,
+    read-only, and nothing else of the host's /tmp is; the private /tmp stays writable."""
+    modules = checkout_under_tmp / "node_modules"
+    async with BwrapSandbox(None, ro_binds=[modules], **CAPS, **LIMITS) as sb:
+        res = await sb.exec([str(modules / ".bin" / "cli")])
+        assert res.stdout == f"cli ran from {modules}/.bin/cli\n", res
+        assert "Read-only file system" in (await sb.exec(f"touch {modules}/new")).stderr
+        assert (await sb.exec(["ls", "-A", str(checkout_under_tmp)])).stdout == "node_modules\n"
+        private = await sb.exec("echo ok > /tmp/scratch && cat /tmp/scratch && ls -A /tmp")
+        assert private.stdout.split() == ["ok", *sorted([checkout_under_tmp.name, "scratch"])], private
+
+
 async def test_python_git_and_node_still_work_inside() -> None:
     async with BwrapSandbox(None, **CAPS, **LIMITS) as sb:
         assert (await sb.exec(["python3", "-c", "import json, ssl, sqlite3; print('py')"])).stdout == "py\n"

@@ -63,8 +63,8 @@ from vime.sandbox.base import (
 )
 from vime.errors import ConfigError
 from vime.sandbox.bwrap_limits import (  # the mounts and limits: what a sandbox may take from its host
-    SIGXCPU_RC, SYSTEM_DIRS, check_caps, default_max_concurrent, mount_workspace, no_space, prlimit_args,
-    resolver_binds, slot, system_binds, unmount,
+    SIGXCPU_RC, SYSTEM_DIRS, check_caps, default_max_concurrent, host_binds, mount_workspace,
+    no_space, prlimit_args, private_mounts, resolver_binds, slot, system_binds, unmount,
 )
 
 _PREFIX = "vime-sbx-"
@@ -92,7 +92,8 @@ class BwrapSandbox:
     least 8), shared by the sandboxes made with the same value.
     `system_dirs` are the host directories visible read-only (top-level symlinks kept as links);
     `ro_binds` are further host paths made visible read-only at the same path (a tool installed
-    outside them, e.g. a checkout's node_modules, needs one). These apply per handle: an
+    outside them, e.g. a checkout's node_modules, needs one), mounted over the private ones so a
+    path under /tmp stays visible. These apply per handle: an
     attached handle's commands run under the kwargs it was attached with.
     `boot_key` makes `boot()` first destroy the sandboxes of this host booted with the same key
     (under the same `base_dir`), listing their ids in `replaced`.
@@ -367,12 +368,9 @@ class BwrapSandbox:
         if self.network:
             args += ["--share-net", *resolver_binds()]
         args += system_binds(self.system_dirs)
-        for path in self.ro_binds:  # host paths a task needs on purpose: visible, read-only
-            args += ["--ro-bind", path, path]
-        # every writable mount is capped: a tmpfs is RAM that RLIMIT_AS does not count
-        args += ["--size", str(self.tmp_bytes), "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
-        args += ["--size", str(self.shm_bytes), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
-        args += ["--bind", str(self.workdir), WORKDIR, "--remount-ro", "/", "--chdir", cwd or WORKDIR]
+        args += private_mounts(self.tmp_bytes, self.shm_bytes, str(self.workdir), WORKDIR)
+        args += host_binds(self.ro_binds)  # after the private mounts, which would cover them
+        args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", cwd or WORKDIR]
         if user is not None:
             uid = _uid(user)
             args += ["--unshare-user", "--uid", str(uid), "--gid", str(uid)]

@@ -54,6 +54,25 @@ def system_binds(system_dirs: tuple[str, ...]) -> list[str]:
     return args
 
 
+def private_mounts(tmp_bytes: int, shm_bytes: int, workdir: str, workspace: str) -> list[str]:
+    """The sandbox's own writable mounts, each capped (a tmpfs is RAM that RLIMIT_AS does not
+    count): `/tmp` and `/dev/shm` fresh tmpfs, the host `workdir` at `workspace`, on a fresh /proc
+    and /dev. The caller remounts /dev read-only after these and any binds below them."""
+    return ["--size", str(tmp_bytes), "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev",
+            "--size", str(shm_bytes), "--tmpfs", "/dev/shm", "--bind", workdir, workspace]
+
+
+def host_binds(paths: tuple[str, ...]) -> list[str]:
+    """Host paths a task needs on purpose (`ro_binds`), read-only at the same path. bwrap mounts
+    in argument order, so these go after `private_mounts`: a path under /tmp (a checkout CI
+    cloned to /tmp/ciN holding Claude Code's node_modules) would be covered by the private /tmp
+    otherwise."""
+    args: list[str] = []
+    for path in paths:
+        args += ["--ro-bind", path, path]
+    return args
+
+
 def resolver_binds() -> list[str]:
     """With the network on, DNS needs /etc/resolv.conf's target, which systemd hosts keep in /run."""
     return ["--ro-bind-try", "/run/systemd/resolve", "/run/systemd/resolve"]
