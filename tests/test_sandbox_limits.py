@@ -141,6 +141,14 @@ async def test_a_host_path_bound_from_under_tmp_stays_visible_over_the_private_t
         assert private.stdout.split() == ["ok", *sorted([checkout_under_tmp.name, "scratch"])], private
 
 
+@pytest.mark.parametrize("path", ["/", "/tmp", "/dev", "/dev/shm", "/proc", "/workspace"])
+def test_a_bind_that_would_cover_a_private_mount_is_refused(path: str) -> None:
+    """Binding the host's /tmp (or an ancestor) would show every other sandbox's workdir and
+    replace the capped private /tmp."""
+    with pytest.raises(ConfigError, match=f"ro_binds {path!r}: covers the sandbox's own"):
+        BwrapSandbox(None, ro_binds=[path])
+
+
 async def test_python_git_and_node_still_work_inside() -> None:
     async with BwrapSandbox(None, **CAPS, **LIMITS) as sb:
         assert (await sb.exec(["python3", "-c", "import json, ssl, sqlite3; print('py')"])).stdout == "py\n"

@@ -63,8 +63,8 @@ from vime.sandbox.base import (
 )
 from vime.errors import ConfigError
 from vime.sandbox.bwrap_limits import (  # the mounts and limits: what a sandbox may take from its host
-    SIGXCPU_RC, SYSTEM_DIRS, check_caps, default_max_concurrent, host_binds, mount_workspace,
-    no_space, prlimit_args, private_mounts, resolver_binds, slot, system_binds, unmount,
+    SIGXCPU_RC, SYSTEM_DIRS, check_binds, check_caps, default_max_concurrent, host_binds,
+    mount_workspace, no_space, prlimit_args, private_mounts, resolver_binds, slot, system_binds, unmount,
 )
 
 _PREFIX = "vime-sbx-"
@@ -93,8 +93,9 @@ class BwrapSandbox:
     `system_dirs` are the host directories visible read-only (top-level symlinks kept as links);
     `ro_binds` are further host paths made visible read-only at the same path (a tool installed
     outside them, e.g. a checkout's node_modules, needs one), mounted over the private ones so a
-    path under /tmp stays visible. These apply per handle: an
-    attached handle's commands run under the kwargs it was attached with.
+    path under /tmp stays visible; one that would cover /tmp, /dev, /proc or /workspace whole is
+    refused. These apply per handle: an attached handle's commands run under the kwargs it was
+    attached with.
     `boot_key` makes `boot()` first destroy the sandboxes of this host booted with the same key
     (under the same `base_dir`), listing their ids in `replaced`.
     """
@@ -124,6 +125,7 @@ class BwrapSandbox:
                     workspace_bytes=workspace_bytes, max_concurrent=max_concurrent)
         self.repo_dir = Path(repo_dir) if repo_dir is not None else None
         self.ro_binds = tuple(str(Path(b).resolve()) for b in ro_binds)
+        check_binds(self.ro_binds, WORKDIR)
         self.system_dirs = tuple(system_dirs)
         self.network = network
         self.cpu_seconds, self.memory_bytes = cpu_seconds, memory_bytes

@@ -62,6 +62,17 @@ def private_mounts(tmp_bytes: int, shm_bytes: int, workdir: str, workspace: str)
             "--size", str(shm_bytes), "--tmpfs", "/dev/shm", "--bind", workdir, workspace]
 
 
+def check_binds(paths: tuple[str, ...], workspace: str) -> None:
+    """No bind may cover a private mount: binding the host's /tmp (or /, or /dev) over the
+    sandbox's own would lift its cap and show every other sandbox's workdir."""
+    private = ("/tmp", "/dev", "/dev/shm", "/proc", workspace)
+    for path in paths:
+        covered = [m for m in private if m == path or m.startswith(path.rstrip("/") + "/")]
+        if covered:
+            raise ConfigError(f"sandbox ro_binds {path!r}: covers the sandbox's own {covered[0]}; bind "
+                              "the directories under it a task needs instead")
+
+
 def host_binds(paths: tuple[str, ...]) -> list[str]:
     """Host paths a task needs on purpose (`ro_binds`), read-only at the same path. bwrap mounts
     in argument order, so these go after `private_mounts`: a path under /tmp (a checkout CI
