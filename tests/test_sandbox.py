@@ -22,6 +22,7 @@ from vime.sandbox import (
     make_sandbox,
 )
 from vime.errors import ConfigError, ServiceError
+from vime.sandbox.bwrap_limits import unmount
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
 
@@ -276,7 +277,8 @@ async def test_start_failures_are_infra_errors(tmp_path: Path) -> None:
     async with BwrapSandbox(None, **LIMITS) as sb:
         root = sb.root
         assert (await sb.exec("ls -A")).stdout == ""
-        shutil.rmtree(sb.workdir)  # the sandbox's disk vanished under it
+        unmount(sb.workdir)  # the sandbox's disk vanished under it
+        shutil.rmtree(sb.workdir)
         with pytest.raises(SandboxError, match="failed to start"):
             await sb.exec("true")
     assert not root.exists()

@@ -290,6 +290,20 @@ class VimeArgs:
 
     # sandbox
     sandbox_backend: str = _sandbox("bwrap", "Sandbox backend: bwrap (local bubblewrap) or e2b.")
+    sandbox_workspace_mb: int = _sandbox(
+        1024, "bwrap: size cap of a sandbox's /workspace, MiB (a tmpfs mounted on the host: RAM); 0: an "
+              "uncapped host directory, which a worker that may not mount (not root) falls back to, warning once."
+    )
+    sandbox_tmp_mb: int = _sandbox(256, "bwrap: size cap of each command's private /tmp, MiB (RAM).")
+    sandbox_shm_mb: int = _sandbox(64, "bwrap: size cap of each command's private /dev/shm, MiB (RAM).")
+    sandbox_cpu_seconds: int = _sandbox(
+        600, "bwrap: CPU seconds each process of a sandboxed command may use (SIGXCPU past them), "
+             "beside its wall-clock timeout."
+    )
+    sandbox_max_concurrent: int = _sandbox(
+        0, "bwrap: sandboxed commands one worker process runs at once; the others wait, their timeout "
+           "not yet started (0: 4 per CPU core of the process, at least 8)."
+    )
 
     # vLLM: vime's own --vllm-* flags, which take precedence over generated ones
     vllm_config: str | None = _vllm(None, "YAML: server groups, models and per-group overrides.")

@@ -2,8 +2,8 @@
 
 Each code block runs as its own `python3 -I -c CODE` in a bubblewrap sandbox (through
 `vime.sandbox`, so another backend is a flag away): no network, a wall-clock bound
-(`--tool-timeout`), an address-space bound (`--tool-memory-mb`), a bounded private `/tmp`, a
-process count bound, and output kept to its head. Blocks do not share state (no kernel between
+(`--tool-timeout`), an address-space bound (`--tool-memory-mb`), a bounded private `/tmp`,
+`/dev/shm` and `/workspace`, a process count bound, and output kept to its head. Blocks do not share state (no kernel between
 them): a block that needs a value prints it.
 
 What the code does is the model's business, so every outcome is an observation for the model,
@@ -31,13 +31,16 @@ class ToolLimits:
     timeout: float = 5.0
     memory_mb: int = 256
     tmp_mb: int = 16
+    shm_mb: int = 16
+    workspace_mb: int = 16
     max_processes: int = 16
     max_output_bytes: int = 1 << 16
 
     def sandbox_kwargs(self) -> dict[str, Any]:
         return dict(network=False, cpu_seconds=int(self.timeout) + 2, memory_bytes=self.memory_mb << 20,
                     max_processes=self.max_processes, wall_timeout=self.timeout,
-                    tmp_bytes=self.tmp_mb << 20, max_output_bytes=self.max_output_bytes)
+                    tmp_bytes=self.tmp_mb << 20, shm_bytes=self.shm_mb << 20,
+                    workspace_bytes=self.workspace_mb << 20, max_output_bytes=self.max_output_bytes)
 
 
 @dataclass(frozen=True)

@@ -40,11 +40,16 @@ WORKDIR = "/workspace"
 
 @dataclass(frozen=True)
 class ExecResult:
-    """What a command returned. Unpacks as `rc, stdout, stderr` for terse call sites."""
+    """What a command returned. Unpacks as `rc, stdout, stderr` for terse call sites.
+
+    `stopped_by` names the backend limit that ended it, when the backend can tell (bwrap:
+    "cpu_seconds" for a process that ran past its CPU time), so a caller can say why.
+    """
 
     rc: int
     stdout: str
     stderr: str
+    stopped_by: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -3,9 +3,17 @@
 Design: entering copies the repository into a fresh temp dir (the workdir); each `exec` runs a
 fresh `bwrap` over that same workdir, so there is no long-lived container to die, leak or
 restart, and all state the agent makes lives in the workdir (mounted at `/workspace`). Outside
-it the host filesystem is read-only, `/tmp`, `/proc` and `/dev` are private, every namespace is
-unshared (no network unless `network=True`), and the command runs under `prlimit`
-(RLIMIT_CPU / RLIMIT_AS / RLIMIT_NPROC) plus a wall-clock timeout.
+it the sandbox sees only the host's system directories (`system_dirs`: /usr, /etc, /lib*, ...)
+read-only plus the `ro_binds` asked for, never homes, checkouts or data trees; `/tmp` and
+`/dev/shm` are private; every namespace is unshared (no network unless `network=True`), and the
+command runs under `prlimit` (RLIMIT_CPU / RLIMIT_AS / RLIMIT_NPROC) plus a wall-clock timeout.
+
+Every place a command can write has a size cap (host RAM or disk otherwise): `/` and `/dev`
+are read-only, `/tmp`, `/dev/shm` and the workdir are tmpfs of `tmp_bytes` / `shm_bytes` /
+`workspace_bytes` (the workdir's mounted on the host at boot, so it persists between the fresh
+bwraps; uncapped, with one warning, where the process may not mount), and at most
+`max_concurrent` commands run at once per process, their clocks started once they have a slot.
+Those mounts and limits live in `bwrap_limits.py`.
 
 Why the details matter:
 - Running as root, bwrap itself is started as `run_as_uid` (default 65534, "nobody"): the kernel
@@ -54,10 +62,13 @@ from vime.sandbox.base import (
     _show,
 )
 from vime.errors import ConfigError
+from vime.sandbox.bwrap_limits import (  # the mounts and limits: what a sandbox may take from its host
+    SIGXCPU_RC, SYSTEM_DIRS, check_binds, check_caps, default_max_concurrent, host_binds,
+    mount_workspace, no_space, prlimit_args, private_mounts, resolver_binds, slot, system_binds, unmount,
+)
 
 _PREFIX = "vime-sbx-"
 _TOMBSTONE = ".gone"
-_PRIVATE_ROOT_ENTRIES = {"proc", "dev", "tmp", WORKDIR.strip("/")}
 _BASE_ENV = {
     "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "HOME": "/tmp",
@@ -70,12 +81,21 @@ class BwrapSandbox:
     """A bubblewrap sandbox over a private copy of `repo_dir` (empty workdir if None).
 
     `cpu_seconds` / `memory_bytes` / `max_processes` bound each command (per process CPU time,
-    address space, tasks in the sandbox); `wall_timeout` is the default `exec` timeout.
-    `max_output_bytes` caps what is kept of each of stdout / stderr (the head). `tmp_bytes` bounds
-    the private `/tmp` (a tmpfs: memory that `memory_bytes` does not count; unbounded if None). `ro_binds` are
-    host paths made visible read-only at the same path (the host's `/tmp` is private in the
-    sandbox, so a tool installed under it, e.g. a checkout's node_modules, needs one). These
-    apply per handle: an attached handle's commands run under the kwargs it was attached with.
+    address space, tasks in the sandbox); a process past `cpu_seconds` gets SIGXCPU (then
+    SIGKILL a second later) and its result says `stopped_by="cpu_seconds"`. `wall_timeout` is the
+    default `exec` timeout. `max_output_bytes` caps what is kept of each of stdout / stderr (the
+    head). `tmp_bytes` / `shm_bytes` / `workspace_bytes` cap the private `/tmp`, `/dev/shm` and
+    `/workspace`: all tmpfs, i.e. RAM that `memory_bytes` does not count. `workspace_bytes=None`
+    leaves the workspace an uncapped host directory, as does a process that may not mount (not
+    root: one warning per process); the others always have a cap. `max_concurrent` bounds the
+    commands this process runs at once (default `default_max_concurrent()`: 4 per CPU core, at
+    least 8), shared by the sandboxes made with the same value.
+    `system_dirs` are the host directories visible read-only (top-level symlinks kept as links);
+    `ro_binds` are further host paths made visible read-only at the same path (a tool installed
+    outside them, e.g. a checkout's node_modules, needs one), mounted over the private ones so a
+    path under /tmp stays visible; one that would cover /tmp, /dev, /proc or /workspace whole is
+    refused. These apply per handle: an attached handle's commands run under the kwargs it was
+    attached with.
     `boot_key` makes `boot()` first destroy the sandboxes of this host booted with the same key
     (under the same `base_dir`), listing their ids in `replaced`.
     """
@@ -95,10 +115,18 @@ class BwrapSandbox:
         max_output_bytes: int = 16 << 20,
         ro_binds: tuple[str | Path, ...] | list[str | Path] = (),
         boot_key: str | None = None,
-        tmp_bytes: int | None = None,
+        tmp_bytes: int = 256 << 20,
+        shm_bytes: int = 64 << 20,
+        workspace_bytes: int | None = 1 << 30,
+        max_concurrent: int | None = None,
+        system_dirs: tuple[str, ...] | list[str] = SYSTEM_DIRS,
     ):
+        check_caps(tmp_bytes=tmp_bytes, shm_bytes=shm_bytes, cpu_seconds=cpu_seconds,
+                    workspace_bytes=workspace_bytes, max_concurrent=max_concurrent)
         self.repo_dir = Path(repo_dir) if repo_dir is not None else None
         self.ro_binds = tuple(str(Path(b).resolve()) for b in ro_binds)
+        check_binds(self.ro_binds, WORKDIR)
+        self.system_dirs = tuple(system_dirs)
         self.network = network
         self.cpu_seconds, self.memory_bytes = cpu_seconds, memory_bytes
         self.max_processes, self.wall_timeout = max_processes, wall_timeout
@@ -107,7 +135,8 @@ class BwrapSandbox:
         self.env = dict(env or {})
         self.max_output_bytes = max_output_bytes
         self.boot_key = boot_key
-        self.tmp_bytes = tmp_bytes
+        self.tmp_bytes, self.shm_bytes, self.workspace_bytes = tmp_bytes, shm_bytes, workspace_bytes
+        self.max_concurrent = max_concurrent or default_max_concurrent()
         key_part = _key_hex(boot_key) if boot_key is not None else ""
         self.sandbox_id = f"bwrap-{key_part}{uuid.uuid4().hex[:8 if boot_key is not None else 12]}"
         self.replaced: list[str] = []
@@ -116,7 +145,7 @@ class BwrapSandbox:
 
     @property
     def workdir(self) -> Path:
-        """The host directory mounted read-write at `/workspace`."""
+        """The host directory mounted read-write at `/workspace` (a tmpfs of `workspace_bytes`)."""
         if self.root is None:
             raise SandboxError(f"sandbox {self.sandbox_id} is not running: boot() or attach() it")
         return self.root / "workspace"
@@ -156,7 +185,12 @@ class BwrapSandbox:
             await asyncio.to_thread(self._populate)
         except BaseException as e:
             self.root = None
-            _rmtree(root)
+            _remove(root)
+            if no_space(e):
+                raise SandboxError(
+                    f"sandbox {self.sandbox_id} could not start: repo_dir {str(self.repo_dir)!r} does not "
+                    f"fit in workspace_bytes={self.workspace_bytes}; raise it (--sandbox-workspace-mb)"
+                ) from e
             if isinstance(e, Exception):
                 raise SandboxError(f"sandbox {self.sandbox_id} could not start: {e}") from e
             raise
@@ -181,7 +215,7 @@ class BwrapSandbox:
                 self._procs.discard(proc)
             await asyncio.shield(asyncio.to_thread(_kill_bwraps_over, root / "workspace"))
         finally:
-            _rmtree(tomb)
+            _remove(tomb)
 
     async def __aenter__(self) -> BwrapSandbox:
         return await self.boot()
@@ -199,9 +233,18 @@ class BwrapSandbox:
         check: bool = False,
         cwd: str | None = None,
     ) -> ExecResult:
-        """Run `cmd` in a fresh bwrap over the workdir; see `Sandbox.exec`."""
+        """Run `cmd` in a fresh bwrap over the workdir; see `Sandbox.exec`.
+
+        It first waits for one of the process's `max_concurrent` slots; `timeout` counts from
+        when it has one, so commands queued behind others are not failed by the wait.
+        """
         self._check_alive()
-        timeout = self.wall_timeout if timeout is None else timeout
+        async with slot(self.max_concurrent):
+            return await self._exec(cmd, env, self.wall_timeout if timeout is None else timeout,
+                                    user, check, cwd)
+
+    async def _exec(self, cmd, env, timeout, user, check, cwd) -> ExecResult:
+        self._check_alive()  # it may have been destroyed while this command waited for a slot
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         status_r, status_w = os.pipe()
         # Spawned as a task and shielded: cancelled mid-spawn, asyncio itself would kill bwrap
@@ -251,7 +294,8 @@ class BwrapSandbox:
                 f"sandbox {self.sandbox_id} failed to start the command (bwrap rc {proc.returncode}"
                 f"): {_text(err).strip()[-500:]}"
             )
-        result = ExecResult(status["exit-code"], _text(out), _text(err))
+        rc = status["exit-code"]
+        result = ExecResult(rc, _text(out), _text(err), "cpu_seconds" if rc == SIGXCPU_RC else None)
         if check and result.rc != 0:
             raise CommandFailed(cmd, result)
         return result
@@ -324,24 +368,17 @@ class BwrapSandbox:
     def _bwrap_argv(self, argv: list[str], user: str | int | None, cwd: str | None, fd: int):
         args = [self._bwrap, "--unshare-all", "--die-with-parent", "--new-session"]
         if self.network:
-            args.append("--share-net")
-        args += _root_binds()
-        if self.tmp_bytes is not None:  # a tmpfs is RAM that RLIMIT_AS does not count
-            args += ["--size", str(self.tmp_bytes)]
-        args += ["--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev"]
-        parent = self.root.parent.resolve()
-        if parent != Path("/tmp") and Path("/tmp") not in parent.parents:
-            args += ["--tmpfs", str(parent)]  # hide sibling sandboxes' workdirs
-        for path in self.ro_binds:  # host tools under a private path (/tmp): visible, read-only
-            args += ["--ro-bind", path, path]
-        args += ["--bind", str(self.workdir), WORKDIR, "--chdir", cwd or WORKDIR]
+            args += ["--share-net", *resolver_binds()]
+        args += system_binds(self.system_dirs)
+        args += private_mounts(self.tmp_bytes, self.shm_bytes, str(self.workdir), WORKDIR)
+        args += host_binds(self.ro_binds)  # after the private mounts, which would cover them
+        args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", cwd or WORKDIR]
         if user is not None:
             uid = _uid(user)
             args += ["--unshare-user", "--uid", str(uid), "--gid", str(uid)]
-        args += ["--json-status-fd", str(fd), "--", self._prlimit]
-        args += [f"--cpu={self.cpu_seconds}", f"--as={self.memory_bytes}"]
-        args += [f"--nproc={self.max_processes}", "--", *argv]
-        return args
+        args += ["--json-status-fd", str(fd), "--"]
+        args += prlimit_args(self._prlimit, self.cpu_seconds, self.memory_bytes, self.max_processes)
+        return args + argv
 
     def _drop_privileges(self) -> dict:
         if self.run_as_uid is None:
@@ -369,10 +406,11 @@ class BwrapSandbox:
         return host
 
     def _populate(self) -> None:
+        self.workdir.mkdir()
+        if self.workspace_bytes is not None:
+            mount_workspace(self.workdir, self.workspace_bytes, self.run_as_uid)
         if self.repo_dir is not None:
-            shutil.copytree(self.repo_dir, self.workdir, symlinks=True)
-        else:
-            self.workdir.mkdir()
+            shutil.copytree(self.repo_dir, self.workdir, symlinks=True, dirs_exist_ok=True)
         self._own_tree(self.root)
 
     def _make_parents(self, path: Path) -> None:
@@ -395,7 +433,6 @@ class BwrapSandbox:
         for dirpath, dirnames, filenames in os.walk(top):
             for name in dirnames + filenames:
                 self._own(Path(dirpath, name))
-
 
 
 def _key_hex(boot_key: str) -> str:
@@ -503,18 +540,10 @@ def _skip_ws(text: str, i: int) -> int:
     return len(text) - len(text[i:].lstrip())
 
 
-def _root_binds() -> list[str]:
-    """Every top-level entry of / read-only (symlinks recreated), except the private ones."""
-    args: list[str] = []
-    for name in sorted(os.listdir("/")):
-        path = f"/{name}"
-        if name in _PRIVATE_ROOT_ENTRIES:
-            continue
-        if os.path.islink(path):
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.exists(path):
-            args += ["--ro-bind", path, path]
-    return args
+def _remove(root: Path) -> None:
+    """Remove a sandbox's directory, its workspace's mount first (rmtree cannot remove a mount)."""
+    unmount(root / "workspace")
+    _rmtree(root)
 
 
 def _uid(user: str | int) -> int:
@@ -565,6 +594,6 @@ def reap_stale_workdirs(base_dir: str | Path | None = None) -> list[Path]:
         pid = name[len(_PREFIX) :].split("-", 1)[0]
         if name != path.name or (pid.isdigit() and not Path(f"/proc/{pid}").exists()):
             _kill_bwraps_over(path.with_name(name) / "workspace")
-            _rmtree(path)
+            _remove(path)
             removed.append(path)
     return removed

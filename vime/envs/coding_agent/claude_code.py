@@ -7,11 +7,12 @@ module only starts the CLI the right way:
   the CLI reaches the adapter over HTTP on the host's 127.0.0.1, and bubblewrap's default
   (every namespace unshared) gives the sandbox a loopback of its own where nothing listens.
   `--share-net` keeps the host's network namespace; nothing else is shared.
-- The binary runs from the host's read-only filesystem: bubblewrap binds every top-level
-  directory read-only, so `node_modules/.bin/claude` under the repository (scripts/setup.sh
-  installs it) is visible at the same path, as long as it is not under `/tmp` (private in
-  the sandbox). Claude Code 2.x ships a native executable; older ones are a node script.
-  Either runs as uid 65534 provided the path is world-readable and executable.
+- The binary runs from the host, read-only: a bubblewrap sandbox sees only the host's system
+  directories, so `claude_code_binds()` names the `node_modules` tree holding the CLI
+  (scripts/setup.sh installs it under the repository) for `ro_binds`, visible at the same path,
+  also under `/tmp` (CI clones there; binds go over the sandbox's private `/tmp`). Claude Code
+  2.x ships a native executable; older ones are a node script. Either runs as uid 65534
+  provided the path is world-readable and executable.
 - `HOME=/tmp` (the sandbox's private, writable tmpfs) holds the CLI's config; telemetry,
   auto-update and error reporting are off, so the only traffic is to the adapter.
 - The command runs as the sandbox's unprivileged user, so `--dangerously-skip-permissions`
@@ -74,8 +75,8 @@ def claude_code_available() -> bool:
 
 def claude_code_binds(binary: str | None = None) -> list[str]:
     """Host paths a bubblewrap sandbox must bind (`BwrapSandbox(ro_binds=...)`) for the CLI to
-    be visible inside it: the `node_modules` tree that holds it (or its directory). Everything
-    outside the host's `/tmp` is visible anyway; a checkout under `/tmp` is not."""
+    be visible inside it: the `node_modules` tree that holds it (or its directory). A sandbox sees
+    only the host's system directories (/usr, /etc, ...), so a CLI anywhere else needs these."""
     binary = binary or find_claude_code()
     if binary is None:
         return []
@@ -127,7 +128,7 @@ async def run_claude_code(sandbox: Sandbox, base_url: str, session_id: str, prom
                                 "(npm install @anthropic-ai/claude-code) or set VIME_CLAUDE_BIN")
     if not (await sandbox.exec(["test", "-x", binary])).ok:
         raise FileNotFoundError(f"Claude Code at {binary} is not visible inside sandbox {sandbox.sandbox_id}: "
-                                "bind it in (BwrapSandbox(ro_binds=claude_code_binds())) or install it outside /tmp")
+                                "bind it in (BwrapSandbox(ro_binds=claude_code_binds())) or install it under /usr")
     argv = [binary, "-p", prompt, "--output-format", "json", "--dangerously-skip-permissions"]
     if max_turns is not None:
         argv += ["--max-turns", str(max_turns)]

@@ -32,9 +32,13 @@ def agent_config(args: Any) -> AgentConfig:
 
 
 def sandbox_options(args: Any, repo_dir: str | None = None) -> dict[str, Any]:
-    """Constructor kwargs of `--sandbox-backend` (the Claude Code CLI must reach the adapter on
-    the host, so its bubblewrap sandboxes keep the network)."""
+    """Constructor kwargs of `--sandbox-backend`: for bwrap, the `--sandbox-*` limits (the Claude
+    Code CLI must reach the adapter on the host, so its bubblewrap sandboxes keep the network)."""
     options: dict[str, Any] = {}
+    if args.sandbox_backend == "bwrap":
+        from vime.sandbox.bwrap_limits import flag_options
+
+        options.update(flag_options(args))
     if coding_flags(args).agent_harness == "claude_code" and args.sandbox_backend == "bwrap":
         from vime.envs.coding_agent.claude_code import claude_code_binds
 

@@ -27,6 +27,10 @@ def check(args: Any) -> None:
         raise ConfigError("--agent-max-turns and --agent-max-tokens must be positive, --agent-max-format-errors >= 0")
     if flags.agent_command_timeout <= 0:
         raise ConfigError(f"--agent-command-timeout {flags.agent_command_timeout}: must be positive seconds")
+    if getattr(args, "sandbox_backend", "bwrap") == "bwrap":
+        from vime.sandbox.bwrap_limits import flag_options
+
+        flag_options(args)  # a bad --sandbox-* limit fails here, before any service starts
 
 
 def coding_flags(args: Any) -> CodingAgentFlags:
