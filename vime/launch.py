@@ -199,8 +199,9 @@ def _workers(args, run_dir: Path, temporal_address: str, fleet) -> list[WorkerPr
 class Launch:
     """One launch of a run: what it started and what it saw, for the closing lines."""
 
-    def __init__(self, args) -> None:
+    def __init__(self, args, *, checked: bool = False) -> None:
         self.args = args
+        self.checked = checked  # `preflight(args)` already ran (`vime train` runs it before importing this)
         self.run_dir = Path(args.run_dir)
         self.follower: Follower | None = None
         self.t0 = time.monotonic()
@@ -208,7 +209,8 @@ class Launch:
 
     async def run(self) -> TrainingState:
         args, run_dir = self.args, self.run_dir
-        preflight(args)
+        if not self.checked:
+            preflight(args)
         if args.tis_because:
             print(f"[vime] {args.tis_because}", flush=True)
         with RunDirLock(run_dir) as lock:
@@ -285,11 +287,12 @@ async def run_training(args) -> TrainingState:
     return await Launch(args).run()
 
 
-def run_to_end(args, resume: str | None = None) -> tuple[int, TrainingState | None]:
+def run_to_end(args, resume: str | None = None, *, checked: bool = False) -> tuple[int, TrainingState | None]:
     """Run a launch to its end as a command does: `(exit code, final state)`. Exit 0 when the run
     finished, 2 on a problem to fix (printed as one line), 130 on Ctrl-C and 143 on SIGTERM (both
-    print what was saved and the command that resumes: `resume`, default this process's own)."""
-    launch = Launch(args)
+    print what was saved and the command that resumes: `resume`, default this process's own).
+    `checked`: the caller ran `preflight(args)` already."""
+    launch = Launch(args, checked=checked)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even where a shell started us ignoring it
 
     async def run() -> TrainingState:
@@ -307,5 +310,5 @@ def run_to_end(args, resume: str | None = None) -> tuple[int, TrainingState | No
         return (130 if isinstance(e, KeyboardInterrupt) else 143), None
 
 
-def main(args) -> int:
-    return run_to_end(args)[0]
+def main(args, *, checked: bool = False) -> int:
+    return run_to_end(args, checked=checked)[0]
