@@ -46,12 +46,9 @@ def _smoke(argv: list[str]) -> int:
 def _train(argv: list[str]) -> int:
     """Every check first, then the launch: a mistake is on the console in a second or two, not
     after the launcher's imports (torch, vLLM, Temporal: 30-70 s on a loaded machine)."""
-    from vime.args import check_vllm_flags, parse_args
-    from vime.preflight import preflight
+    from vime.preflight import checked_args
 
-    args = parse_args(argv, vllm_flags=False)
-    preflight(args)
-    args = check_vllm_flags(args)
+    args = checked_args(argv)
     from vime.log import configure_logging
 
     configure_logging()  # not before: structlog and rich are a third of the checks' CPU

@@ -34,6 +34,17 @@ def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
+def checked_args(argv: list[str]) -> VimeArgs:
+    """`vime train`'s flags parsed and checked in the order that shows a mistake soonest: vime's own
+    flags, then `preflight`, then the `--vllm-*` flags (vLLM's parser imports vLLM). Pass the result
+    to `vime.launch.run_to_end(..., checked=True)`, imported after this returns."""
+    from vime.args import check_vllm_flags, parse_args
+
+    args = parse_args(argv, vllm_flags=False)
+    preflight(args)
+    return check_vllm_flags(args)
+
+
 def preflight(args: Any) -> None:
     """Every check `vime train` can run before starting services; the first problem raises a
     one-line `ConfigError` naming the flag, the path and what to do."""
@@ -56,11 +67,9 @@ def check_required(args: Any) -> None:
 def check_run_dir(args: Any) -> None:
     """No live launch holds `--run-dir`: a second `vime train` on it ends here, in the line the run
     directory lock gives, having read and written nothing of the live run's."""
-    from vime.rundir import holder, in_use
+    from vime.rundir import refuse_if_held
 
-    pid = holder(args.run_dir)
-    if pid is not None:
-        raise in_use(args.run_dir, pid)
+    refuse_if_held(args.run_dir)
 
 
 def check_hooks(args: Any) -> None:

@@ -84,6 +84,15 @@ def holder(run_dir: str | Path) -> str | None:
     return None
 
 
+def refuse_if_held(run_dir: str | Path) -> None:
+    """The lock's one-line `ConfigError` when a live process holds `run_dir`: for whatever would
+    write into a run directory before the launch takes the lock (`vime.preflight`, the examples'
+    prompt files), so that a refused launch leaves the live run's files as they were."""
+    pid = holder(run_dir)
+    if pid is not None:
+        raise in_use(run_dir, pid)
+
+
 LAUNCH_INFO = "launch.json"
 
 
