@@ -72,6 +72,9 @@ class ExternalEngines:
     def wait_ready(self) -> None:
         """Nothing to wait for: a workflow that needs the servers waits for them itself."""
 
+    def __exit__(self, *exc: object) -> None:
+        """Nothing to stop: they are the user's."""
+
 
 @contextlib.contextmanager
 def engines(args, run_dir: Path) -> Iterator[ModelFleets | ExternalEngines]:
@@ -238,7 +241,7 @@ class Launch:
                 self._summarize(done)
                 return done
             with engines(args, run_dir) as fleet:
-                with Supervisor(_workers(args, run_dir, svc.address, fleet)) as supervisor:
+                with Supervisor(_workers(args, run_dir, svc.address, fleet), stop_with=fleet.__exit__) as supervisor:
                     await asyncio.to_thread(fleet.wait_ready)  # the workers start up meanwhile
                     handle, start_step = await start_or_attach(svc.client, args)
                     if start_step is None:  # an earlier launch's workers died with it: their work goes on now

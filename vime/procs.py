@@ -45,19 +45,27 @@ def stop_process_group(proc: subprocess.Popen | None, timeout: float = 20.0) -> 
     """Ask `proc` (a guard, or any group leader) to stop with SIGTERM; SIGKILL its whole process
     group after `timeout` s — and at once if the leader is already dead, since its children
     (vLLM's engine core, say) may still be running."""
-    if proc is None:
-        return
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(5)
+    stop_process_groups([proc], timeout)
+
+
+def stop_process_groups(procs: Sequence[subprocess.Popen | None], timeout: float = 20.0) -> None:
+    """`stop_process_group` for several at once: all are asked to stop before any is waited for,
+    so stopping them takes as long as the slowest, not the sum (SIGTERM on a launch: issue 21)."""
+    procs = [p for p in procs if p is not None]
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
 
 
 def log_tail(path: str | Path, lines: int = 30) -> str:
