@@ -105,7 +105,7 @@ class Supervisor:
                  stop_with: Callable[[], None] | None = None) -> None:
         self.workers = {w.name: w for w in workers}
         self.max_restarts = max_restarts
-        self.stop_with = stop_with  # what else stops when the workers do, at the same time (the vLLM servers)
+        self.stop_with = stop_with  # called once the workers are gone: what they used may go now (the services)
         self._early_deaths: dict[str, str | None] = {}  # worker -> last error of its last early death
         self._on_exit: list[Callable[[], None]] = []
 
@@ -126,16 +126,14 @@ class Supervisor:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        """Stop every worker, and `stop_with`, together: one after another, a launch took 38 s to
-        stop on SIGTERM (issue 21)."""
-        also = threading.Thread(target=self.stop_with, name="stop-with") if self.stop_with else None
-        if also is not None:
-            also.start()
+        """Stop every worker at once, then call `stop_with`: one thing after another, a launch took
+        38 s to stop on SIGTERM (issue 21). Not the services with the workers: a rollout worker
+        whose vLLM server goes away under it waits out its whole shutdown timeout (15 s)."""
         stop_process_groups([w.process for w in self.workers.values()], WORKER_STOP_S)
         for w in self.workers.values():
             w.process = None
-        if also is not None:
-            also.join()
+        if self.stop_with is not None:
+            self.stop_with()
 
     def check(self) -> list[WorkerDeath]:
         """Restart dead workers; return their deaths. Raises when restarting cannot help."""
