@@ -8,13 +8,18 @@ And the other side of it: a custom generate function written against plain `vllm
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from examples.quickstart.run import write_prompts as write_quickstart_prompts
 from tests.conftest import engine_flags
-from tests.runs import TrainRun
+from tests.runs import REPO, TrainRun
+from vime.rundir import RunDirLock
 from vime.store import SampleStore
 
 GENERATE_WITH_MODEL_NAME = '''
@@ -93,6 +98,58 @@ def test_a_bad_prompt_file_is_one_line_naming_file_line_and_key_before_anything_
     assert str(tmp_path / "prompts.jsonl") in line and expected in line, line
     assert time.monotonic() - t0 < 30
     assert not run.run_dir.exists()  # nothing was started or written: no Temporal database, no store
+
+
+def test_a_pre_start_error_is_on_the_console_in_seconds_and_the_command_exits_at_once(tiny_model_dir, tmp_path,
+                                                                                      capsys):
+    """Issue 21: bad JSON at line 40 reached the console 70-80 s after the command on a loaded
+    machine, and the process exited ~18 s later: the launcher imported torch, vLLM (for its
+    `--vllm-*` flags) and Temporal before checking anything. Now the checks come first (about
+    0.35 s of CPU; 2-5 s at load 10): 5 s is the aim, 15 s the bound, for a loaded CI machine.
+    Cost: one process that stops at its checks, a few seconds."""
+    run = TrainRun(tmp_path, tiny_model_dir, "--vllm-max-model-len", "512")  # vLLM's parser is not built first
+    write(tmp_path / "prompts.jsonl", prompt_lines(64, {40: '{"prompt": "p39", "label": '}))
+    t0 = time.monotonic()
+    run.start()
+    shown = run.wait_for(lambda: ":40: not valid JSON" in run.output(), 120, "the error line")
+    assert run.wait(60) == 2
+    exited = time.monotonic() - t0
+    with capsys.disabled():
+        print(f"\n[pre-start] bad JSON at line 40: the error on the console {shown:.1f} s after the command, "
+              f"the process gone {exited:.1f} s after it", flush=True)
+    one_line_error(run.output())
+    assert shown < 15 and exited - shown < 5, (shown, exited)
+
+
+def snapshot(directory: Path) -> dict[str, tuple[int, bytes]]:
+    """Every file and folder under `directory` (itself included): its mtime and its bytes."""
+    return {str(p.relative_to(directory)): (p.stat().st_mtime_ns, p.read_bytes() if p.is_file() else b"")
+            for p in [directory, *sorted(directory.rglob("*"))]}
+
+
+def test_a_launch_on_a_live_runs_directory_is_refused_in_one_line_and_writes_nothing(tiny_model_dir, tmp_path):
+    """Issue 21: the refused second launch of the quickstart took 73 s and rewrote `prompts.jsonl`
+    in the live run's directory first. The live launch here is this test holding the directory's
+    lock (as `vime train` does while it runs), over a run directory's files; `vime train` and the
+    quickstart on that directory each stop at their first check. Cost: two such processes."""
+    run = TrainRun(tmp_path, tiny_model_dir, "--vllm-max-model-len", "512")
+    run.run_dir.mkdir()
+    write_quickstart_prompts(run.run_dir / "prompts.jsonl")
+    for name, text in (("vime.db", "a store"), ("launch.json", '{"pid": 1}'), ("worker-rollout.log", "ready\n")):
+        write(run.run_dir / name, text)
+    with RunDirLock(run.run_dir):
+        for path in [run.run_dir, *run.run_dir.iterdir()]:
+            os.utime(path, ns=(1_000_000_000, 1_000_000_000))  # any rewrite shows, however coarse the clock
+        before = snapshot(run.run_dir)
+        quickstart = [sys.executable, "-m", "examples.quickstart.run", "--hf-checkpoint", str(tiny_model_dir),
+                      "--run-dir", str(run.run_dir)]
+        for command in (run.argv, quickstart):
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=REPO, env=run.env)
+            assert done.returncode == 2, done.stdout + done.stderr
+            line = one_line_error(done.stdout + done.stderr)
+            assert f"run directory {str(run.run_dir)!r} is in use by another vime process" in line, line
+            assert f"pid {os.getpid()})" in line, line
+            assert snapshot(run.run_dir) == before, command
 
 
 def test_a_prompt_file_too_short_for_one_step_is_one_line_before_anything_starts(tiny_model_dir, tmp_path):

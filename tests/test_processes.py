@@ -3,12 +3,14 @@ supervisor and the live weights a restarted vLLM server boots from. Real process
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 
 from vime.engine import live_weights
 from vime.errors import ConfigError, ServiceError
+from vime.follow import Follower
 from vime.procs import leftover_processes, spawn, stop_process_group
 from vime.rundir import RunDirLock
 from vime.supervisor import Supervisor, WorkerProcess
@@ -139,6 +142,79 @@ def test_a_killed_worker_is_restarted_with_a_new_identity(tmp_path):
         assert wait_until(lambda: not w.alive())
         [death] = supervisor.check()
         assert death.identity == first and w.identity != first and w.alive()
+
+
+def command_pid(w: WorkerProcess) -> int:
+    """The worker's own process (its guard's child)."""
+    children = Path(f"/proc/{w.pid}/task/{w.pid}/children")
+    assert wait_until(lambda: children.read_text().split())
+    return int(children.read_text().split()[0])
+
+
+def test_the_supervisor_says_at_once_that_a_killed_worker_exited(tmp_path):
+    """Issue 21: a killed rollout worker was noticed ~30 s after its death. A thread now waits on
+    each worker (a blocking waitpid): the callback comes within the guard's 0.2 s poll."""
+    w = worker(tmp_path, "import time\ntime.sleep(600)\n")
+    exited = threading.Event()
+    with Supervisor([w]) as supervisor:
+        supervisor.on_exit(exited.set)
+        pid = command_pid(w)
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        assert exited.wait(10)
+        noticed = time.monotonic() - t0
+        assert not w.alive() and noticed < 3, noticed
+        [death] = supervisor.check()
+        assert death.cause == "killed by SIGKILL"
+
+
+class StuckWorkflow:
+    """A workflow handle whose result never comes and whose progress query never answers, as when
+    the worker that runs the workflow has just died."""
+
+    async def result(self):
+        await asyncio.Event().wait()
+
+    async def query(self, *args, **kwargs):
+        await asyncio.Event().wait()
+
+
+async def test_a_dead_worker_is_handled_at_once_while_the_progress_query_hangs(tmp_path, capsys):
+    """The follower's loop can sit in a query to a workflow whose worker just died (for ~30 s, until
+    Temporal gives up on it): worker deaths are handled apart from that loop."""
+    w = worker(tmp_path, "import time\ntime.sleep(600)\n")
+    with Supervisor([w]) as supervisor:
+        follow = asyncio.create_task(Follower(None, StuckWorkflow(), "run", supervisor).follow())
+        pid = command_pid(w)
+        await asyncio.sleep(1.5)  # the follower is in its query now
+        t0 = time.monotonic()
+        os.kill(pid, signal.SIGKILL)
+        out = ""
+        while "worker w died (killed by SIGKILL); restarted it" not in out and time.monotonic() - t0 < 10:
+            await asyncio.sleep(0.05)
+            out += capsys.readouterr().out
+        took = time.monotonic() - t0
+        follow.cancel()
+        assert took < 3, (took, out)
+        assert w.alive() and w.restarts == 1
+
+
+SLOW_TO_STOP = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (time.sleep(3), sys.exit(0)))
+time.sleep(600)
+"""
+
+
+def test_stopping_the_supervisor_stops_its_workers_together_not_one_after_another(tmp_path):
+    """Two workers that each take 3 s to stop: 3 s in all (it took the sum, one by one)."""
+    workers = [worker(tmp_path, SLOW_TO_STOP, name) for name in ("a", "b")]
+    with Supervisor(workers):
+        time.sleep(1)  # their SIGTERM handlers are in place
+        t0 = time.monotonic()
+    took = time.monotonic() - t0
+    assert 3 <= took < 5.5, took
+    assert not leftover_processes(tmp_path)
 
 
 def test_published_weights_make_a_model_directory_with_their_version(tmp_path):

@@ -521,17 +521,20 @@ def _take_environment(args: VimeArgs, env: Environment | None, values: dict[str,
         resolve_env(env.check, "check", env)(args)
 
 
-def parse_args(argv: list[str] | None = None) -> VimeArgs:
+def parse_args(argv: list[str] | None = None, *, vllm_flags: bool = True) -> VimeArgs:
     """Parse `argv` (default: sys.argv[1:]) into `VimeArgs`; every problem raises `ConfigError`.
 
     Values are checked here where it is cheap: types and choices (vLLM's and the router's own
     for the forwarded flags), positive sizes, and the cross-flag defaults slime applies.
+    `vllm_flags=False` takes the `--vllm-*` flags as typed instead: vLLM's parser imports vLLM
+    (20-40 s on a loaded machine), so `vime train` checks everything else first and then calls
+    `check_vllm_flags`.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     own = _own_options()
     wants_help = any(a in ("-h", "--help") for a in argv)  # help lists the generated groups too
     tokens, checked = argv, []
-    if os.environ.get(forward.CHECKED_ENV) == "1" and not wants_help:
+    if (os.environ.get(forward.CHECKED_ENV) == "1" or not vllm_flags) and not wants_help:
         tokens, checked = forward.take_checked_vllm_flags(argv, own)
     env = flags_environment(argv)
     own |= {_option(f) for f in env_flag_fields(env)}
@@ -552,6 +555,16 @@ def parse_args(argv: list[str] | None = None) -> VimeArgs:
     resolve_precision(args, given=values.keys(), training=trains_on_rollouts(args))
     args.argv = [*argv, "--run-id", args.run_id, "--run-dir", args.run_dir]
     return args
+
+
+def check_vllm_flags(args: VimeArgs) -> VimeArgs:
+    """`args` from `parse_args(..., vllm_flags=False)`, parsed again with vLLM's own parser checking
+    the `--vllm-*` flags (a bad one raises its `ConfigError`); `args` itself when there are none."""
+    if not args.vllm_server_args:
+        return args
+    checked = parse_args(args.argv)  # the same run id and directory: argv ends with them
+    checked.argv = args.argv
+    return checked
 
 
 def parse_args_or_exit(argv: list[str] | None = None) -> VimeArgs:

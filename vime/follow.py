@@ -1,13 +1,16 @@
 """Following a run from `vime train`: one line per step, and every part it started kept alive.
 
 `Follower.follow` waits for the training workflow's result while, once a second:
-- the embedded Temporal dev server, the vLLM servers (and router) and the workers are checked;
-  a dead one is restarted (same address, same database file, current weights) and what happened
-  is printed; a worker's death is reported to Temporal at once (`vime.recovery`), so its work is
-  retried now rather than after a heartbeat timeout;
-- the workflow's progress is queried and each step finished *during this launch* is printed
-  (steps finished before it are not: a rerun reports the steps it actually trained), with the
-  lines workers sent it for the console since (a hook a step has waited on for long).
+- the embedded Temporal dev server and the vLLM servers (and router) are checked; a dead one is
+  restarted (same address, same database file, current weights) and what happened is printed;
+- the workflow's progress is queried (for at most `QUERY_TIMEOUT_S`: the worker that answers may
+  have just died) and each step finished *during this launch* is printed (steps finished before
+  it are not: a rerun reports the steps it actually trained), with the lines workers sent it
+  for the console since (a hook a step has waited on for long).
+
+Workers are watched apart from that loop: the supervisor says the moment a worker process exits,
+and its death is handled then: restarted, printed, and reported to Temporal (`vime.recovery`), so
+its work is retried now rather than after a heartbeat timeout.
 
 Failures that restarting cannot fix (a server dying again and again, a worker that stops on a
 configuration error) end the launch with one line: the run itself stays in Temporal, resumable.
@@ -16,8 +19,10 @@ configuration error) end the launch with one line: the run itself stays in Tempo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
 from temporalio.exceptions import CancelledError
@@ -30,6 +35,8 @@ from vime.supervisor import Supervisor
 from workflows.training import TrainingState, TrainingWorkflow, failure_message
 
 log = get_logger(__name__)
+
+QUERY_TIMEOUT_S = 10.0
 
 
 def format_progress(m: dict, total: int) -> str:
@@ -70,14 +77,18 @@ class Follower:
 
     async def follow(self) -> TrainingState:
         result = asyncio.create_task(self._result())
+        workers = asyncio.create_task(self._watch_workers())
         try:
             while not result.done():
-                await asyncio.wait([result], timeout=self.poll)
+                await asyncio.wait([result, workers], timeout=self.poll, return_when=asyncio.FIRST_COMPLETED)
+                if workers.done():
+                    await workers  # raises what stopped it: a worker that restarting cannot help
                 await self._check_services()
                 await self._show_progress()
             state = await result
         finally:
             result.cancel()
+            workers.cancel()
         await self._show_progress(final=state)
         return state
 
@@ -106,6 +117,19 @@ class Follower:
             lines = await service.check()
             for line in [lines] if isinstance(lines, str) else (lines or []):
                 print(line, flush=True)
+
+    async def _watch_workers(self) -> None:
+        """Handle each worker's death as the supervisor reports its exit (`poll` s at the latest)."""
+        exited = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self.supervisor.on_exit(lambda: loop.call_soon_threadsafe(exited.set))
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(exited.wait(), self.poll)
+            exited.clear()
+            await self._check_workers()
+
+    async def _check_workers(self) -> None:
         for death in self.supervisor.check():
             print(f"[vime] worker {death.name} died ({death.cause}); restarted it (the run continues)", flush=True)
             try:
@@ -138,7 +162,8 @@ class Follower:
 
     async def _query(self) -> dict | None:
         try:
-            return await self.handle.query(TrainingWorkflow.progress)
+            return await self.handle.query(TrainingWorkflow.progress,
+                                           rpc_timeout=timedelta(seconds=QUERY_TIMEOUT_S))
         except Exception:  # noqa: BLE001 - a query fails while a worker or Temporal restarts: ask again
             return None
 

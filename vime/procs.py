@@ -18,10 +18,12 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 RUN_DIR_ENV = "VIME_RUN_DIR"
+_spawned: weakref.WeakSet[subprocess.Popen] = weakref.WeakSet()  # this process's children, for `ask_all_to_stop`
 
 
 def spawn(cmd: Sequence[str], log_path: str | Path, *, env: Mapping[str, str] | None = None,
@@ -36,28 +38,48 @@ def spawn(cmd: Sequence[str], log_path: str | Path, *, env: Mapping[str, str] | 
     with open(log_path, "ab") as out:
         out.write(f"\n=== vime: started at {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(cmd)[:300]}\n".encode())
         out.flush()
-        return subprocess.Popen([sys.executable, "-m", "vime.procguard", "--", *cmd], stdout=out,
+        proc = subprocess.Popen([sys.executable, "-m", "vime.procguard", "--", *cmd], stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=full_env,
                                 start_new_session=True)
+    _spawned.add(proc)
+    return proc
+
+
+def ask_all_to_stop() -> None:
+    """SIGTERM every child `spawn` started here that still runs, waiting for none: each owner's own
+    stop then waits on a process already on its way out, so a launch that ends stops its services
+    (vLLM servers, router, Temporal) in the time of the slowest, not of all of them in a row."""
+    for proc in list(_spawned):
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
 
 
 def stop_process_group(proc: subprocess.Popen | None, timeout: float = 20.0) -> None:
     """Ask `proc` (a guard, or any group leader) to stop with SIGTERM; SIGKILL its whole process
     group after `timeout` s — and at once if the leader is already dead, since its children
     (vLLM's engine core, say) may still be running."""
-    if proc is None:
-        return
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            pass
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(5)
+    stop_process_groups([proc], timeout)
+
+
+def stop_process_groups(procs: Sequence[subprocess.Popen | None], timeout: float = 20.0) -> None:
+    """`stop_process_group` for several at once: all are asked to stop before any is waited for,
+    so stopping them takes as long as the slowest, not the sum (SIGTERM on a launch: issue 21)."""
+    procs = [p for p in procs if p is not None]
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(5)
 
 
 def log_tail(path: str | Path, lines: int = 30) -> str:

@@ -39,12 +39,9 @@ class RunDirLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+            holder = _pid_in(fd)
             os.close(fd)
-            raise ConfigError(
-                f"run directory {str(self.run_dir)!r} is in use by another vime process (`vime train` or "
-                f"`vime ui`, pid {holder}); "
-                f"wait for it, stop it (kill {holder}), or pass another --run-dir") from None
+            raise in_use(self.run_dir, holder) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._fd = fd
@@ -57,6 +54,43 @@ class RunDirLock:
                 os.ftruncate(self._fd, 0)
             os.close(self._fd)  # closing releases the flock
             self._fd = None
+
+
+def _pid_in(fd: int) -> str:
+    return os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
+
+
+def in_use(run_dir: str | Path, holder: str) -> ConfigError:
+    return ConfigError(f"run directory {str(run_dir)!r} is in use by another vime process (`vime train` or "
+                       f"`vime ui`, pid {holder}); wait for it, stop it (kill {holder}), or pass another --run-dir")
+
+
+def holder(run_dir: str | Path) -> str | None:
+    """The pid of the live process holding `run_dir`'s lock, else None; found without creating or
+    writing anything, so a launch that is refused leaves the live run's directory as it was.
+
+    For checks before the launch takes the lock itself (`vime.preflight`): the lock may change
+    hands meanwhile, and `RunDirLock` stays the authority."""
+    try:
+        fd = os.open(Path(run_dir) / LOCK_NAME, os.O_RDONLY)
+    except OSError:  # no directory or no lock file: no launch ever held it
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released when fd closes, a moment later
+    except BlockingIOError:
+        return _pid_in(fd)
+    finally:
+        os.close(fd)
+    return None
+
+
+def refuse_if_held(run_dir: str | Path) -> None:
+    """The lock's one-line `ConfigError` when a live process holds `run_dir`: for whatever would
+    write into a run directory before the launch takes the lock (`vime.preflight`, the examples'
+    prompt files), so that a refused launch leaves the live run's files as they were."""
+    pid = holder(run_dir)
+    if pid is not None:
+        raise in_use(run_dir, pid)
 
 
 LAUNCH_INFO = "launch.json"

@@ -4,6 +4,11 @@
 takes only its own state with it, and Temporal hands its unfinished activities to the restarted
 one. That is the whole recovery story on one machine: restart the workers, the run goes on.
 
+A worker's death is seen the moment it happens: a thread per worker process waits on it
+(`Popen.wait`, a blocking `waitpid`) and calls the supervisor's `on_exit` callbacks, so the
+launcher does not find out on its next look, which a query to a workflow whose worker just died
+held for ~30 s (issue 21).
+
 Each start of a worker gets its own Temporal identity (`VIME_WORKER_IDENTITY`), so when one dies
 the launcher can tell Temporal at once which activities were lost (`vime.recovery`), instead of
 waiting for their heartbeat timeouts.
@@ -18,14 +23,16 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from vime.errors import ConfigError, ServiceError
 from vime.log import get_logger
-from vime.procs import exit_cause, last_error_line, log_tail, spawn, stop_process_group
+from vime.procs import exit_cause, last_error_line, log_tail, spawn, stop_process_group, stop_process_groups
 
 log = get_logger(__name__)
 
@@ -33,6 +40,7 @@ IDENTITY_ENV = "VIME_WORKER_IDENTITY"
 LAUNCH_ID = uuid.uuid4().hex[:6]  # this launcher's: part of every identity its workers get
 CONFIG_ERROR_EXIT = 2
 STARTUP_WINDOW_S = 90.0
+WORKER_STOP_S = 30.0  # SIGTERM to SIGKILL, for all of them at once: a worker gives up its own shutdown at 15 s
 
 
 @dataclass
@@ -59,12 +67,16 @@ class WorkerProcess:
     started_at: float = 0.0
     launch: str = field(default_factory=lambda: LAUNCH_ID)
 
-    def start(self) -> None:
+    def start(self, on_exit: Callable[[], None] | None = None) -> None:
+        """Spawn the worker; `on_exit()` is called from a watcher thread the moment it exits."""
         self.identity = f"{self.name}-{self.launch}-{self.restarts}@{socket.gethostname()}"
         env = {**os.environ, **self.env, IDENTITY_ENV: self.identity}
         self.process = spawn([sys.executable, "-m", self.module, *self.argv], self.log_path, env=env,
                              run_dir=self.run_dir)
         self.started_at = time.monotonic()
+        if on_exit is not None:
+            threading.Thread(target=_wait_then, args=(self.process, on_exit), name=f"watch-{self.name}",
+                             daemon=True).start()
         log.info("worker.started", worker=self.name, pid=self.process.pid, log=str(self.log_path))
 
     @property
@@ -80,22 +92,48 @@ class WorkerProcess:
         stop_process_group(proc, timeout)
 
 
-class Supervisor:
-    """Keeps a set of worker processes alive: `check()` restarts any that died."""
+def _wait_then(process, on_exit: Callable[[], None]) -> None:
+    process.wait()  # Popen serializes waitpid: `poll()` elsewhere answers "running" until this returns
+    on_exit()
 
-    def __init__(self, workers: list[WorkerProcess], *, max_restarts: int = 20) -> None:
+
+class Supervisor:
+    """Keeps a set of worker processes alive: `check()` restarts any that died; `on_exit(callback)`
+    tells at once (from a watcher thread) that one exited, so `check()` need not wait for a poll."""
+
+    def __init__(self, workers: list[WorkerProcess], *, max_restarts: int = 20,
+                 stop_with: Callable[[], None] | None = None) -> None:
         self.workers = {w.name: w for w in workers}
         self.max_restarts = max_restarts
+        self.stop_with = stop_with  # called once the workers are gone: what they used may go now (the services)
         self._early_deaths: dict[str, str | None] = {}  # worker -> last error of its last early death
+        self._on_exit: list[Callable[[], None]] = []
+
+    def on_exit(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` (from a watcher thread) whenever a worker process exits."""
+        self._on_exit.append(callback)
+
+    def _exited(self) -> None:
+        for callback in list(self._on_exit):
+            try:
+                callback()
+            except RuntimeError:  # its event loop closed meanwhile (the launch is ending): nobody to tell
+                pass
 
     def __enter__(self) -> Supervisor:
         for w in self.workers.values():
-            w.start()
+            w.start(self._exited)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Stop every worker at once, then call `stop_with`: one thing after another, a launch took
+        38 s to stop on SIGTERM (issue 21). Not the services with the workers: a rollout worker
+        whose vLLM server goes away under it waits out its whole shutdown timeout (15 s)."""
+        stop_process_groups([w.process for w in self.workers.values()], WORKER_STOP_S)
         for w in self.workers.values():
-            w.stop()
+            w.process = None
+        if self.stop_with is not None:
+            self.stop_with()
 
     def check(self) -> list[WorkerDeath]:
         """Restart dead workers; return their deaths. Raises when restarting cannot help."""
@@ -124,7 +162,7 @@ class Supervisor:
             deaths.append(WorkerDeath(w.name, w.identity, code, exit_cause(code, w.log_path)))
             w.stop(timeout=1)  # the guard already cleaned up; this reaps it
             w.restarts += 1
-            w.start()
+            w.start(self._exited)
         return deaths
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from examples.coding_agent_rl import rl_gain
 from examples.coding_agent_rl.gold_edits import write_prompts
-from examples.quickstart.run import pop_option
+from examples.quickstart.run import pop_option, refuse_if_in_use
 from examples.coding_agent_rl.sft_traces import write_traces
 from examples.coding_agent_rl.tasks.prepare import load_tasks
 from vime.args import parse_args
@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     sft_steps = pop_option(argv, "--sft-steps", str(rl_gain.SFT_STEPS) if gain else "120", int)
     run_dir = Path(argv[argv.index("--run-dir") + 1]) if "--run-dir" in argv else \
         Path("runs") / time.strftime("coding-agent-%Y%m%d-%H%M%S")
+    refuse_if_in_use(run_dir, "coding-agent")
     run_dir.mkdir(parents=True, exist_ok=True)
     preset_flags = rl_gain.rl_flags(run_dir) if gain else []
     from vime.testing.tiny_model import tiny_model_dir

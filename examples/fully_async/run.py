@@ -19,10 +19,9 @@ import time
 from pathlib import Path
 
 from examples.quickstart.run import default_flags, prepare, summarize
-from vime.args import parse_args
 from vime.errors import VimeError
-from vime.launch import run_to_end
 from vime.log import configure_logging
+from vime.preflight import checked_args
 
 ASYNC_FLAGS = ["--fully-async", "--max-staleness", "1", "--max-concurrent-rollouts", "8", "--use-tis"]
 
@@ -32,14 +31,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     run_dir, model = prepare(argv, "fully_async")
     try:
-        args = parse_args(default_flags(run_dir, model) + ASYNC_FLAGS + argv)
+        args = checked_args(default_flags(run_dir, model) + ASYNC_FLAGS + argv)
     except VimeError as e:
         print(f"fully_async: error: {e}", file=sys.stderr)
         return 2
     t0 = time.monotonic()
     resume = shlex.join([sys.executable, "-m", "examples.fully_async.run", *argv,
                          *([] if "--run-dir" in argv else ["--run-dir", str(run_dir)])])
-    code, state = run_to_end(args, resume)
+    from vime.launch import run_to_end  # after the checks: torch, vLLM and Temporal load here
+
+    code, state = run_to_end(args, resume, checked=True)
     if state is None:
         return code
     stale = [m.get("staleness_mean", 0.0) for m in state.metrics]

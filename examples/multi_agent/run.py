@@ -20,6 +20,7 @@ from pathlib import Path
 
 from examples.multi_agent.task import ROLES
 from examples.quickstart.plot import plot_curves
+from examples.quickstart.run import refuse_if_in_use
 from vime.args import parse_args
 from vime.errors import VimeError
 from vime.launch import run_to_end
@@ -54,6 +55,7 @@ def default_flags(run_dir: Path, model: str, argv: list[str]) -> list[str]:
 def prepare(argv: list[str]) -> tuple[Path, str]:
     run_dir = Path(argv[argv.index("--run-dir") + 1]) if "--run-dir" in argv else \
         Path("runs") / time.strftime("multi_agent-%Y%m%d-%H%M%S")
+    refuse_if_in_use(run_dir, "multi_agent")
     model = argv[argv.index("--hf-checkpoint") + 1] if "--hf-checkpoint" in argv else None
     if model is None:
         from vime.testing.tiny_model import tiny_model_dir

@@ -29,6 +29,7 @@ from pathlib import Path
 from examples.on_policy_distillation.heldout import HELDOUT_PROMPTS, HeldoutKL
 from examples.on_policy_distillation.teacher import TEACHER_PROMPTS, student_dir, teacher_dir
 from examples.quickstart.plot import plot_curve
+from examples.quickstart.run import refuse_if_in_use
 from vime.args import parse_args
 from vime.errors import VimeError
 from vime.launch import run_to_end
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(level="WARNING")
     argv = list(sys.argv[1:] if argv is None else argv)
     run_dir = Path(_option(argv, "--run-dir") or Path("runs") / time.strftime("opd-%Y%m%d-%H%M%S"))
+    refuse_if_in_use(run_dir, "on_policy_distillation")
     from vime.testing.tiny_model import tiny_model_dir
 
     print("[opd] building (or reusing) the tiny model, its teacher (answers in CAPITAL WORDS) and the student's "

@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 from examples.quickstart.plot import plot_curve
-from vime.args import parse_args
 from vime.errors import VimeError
-from vime.launch import run_to_end
 from vime.log import configure_logging
+from vime.preflight import checked_args
+from vime.rundir import refuse_if_held
 
 PROMPTS = ["Write a title.", "Name a city.", "Say something.", "Describe the sea.", "Give a command.",
            "Tell me a fact.", "Write a headline.", "Name a river."]
@@ -64,12 +64,24 @@ def pop_option(argv: list[str], flag: str, default: str, kind: type = str):
         raise SystemExit(2) from None
 
 
+def refuse_if_in_use(run_dir: Path, name: str) -> None:
+    """Exit 2 with the run directory lock's one line when a live launch holds `run_dir`: an example
+    writes its prompts (and more) there before `vime.launch` takes the lock, and must not rewrite
+    the files of the run that is going on."""
+    try:
+        refuse_if_held(run_dir)
+    except VimeError as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def prepare(argv: list[str], name: str) -> tuple[Path, str]:
     """The run directory (`--run-dir`, or a new `runs/<name>-<time>`) with the prompts written in
     it, and the model (`--hf-checkpoint`, or the tiny test model, built once and cached)."""
     run_dir = Path("runs") / time.strftime(f"{name}-%Y%m%d-%H%M%S")
     if "--run-dir" in argv:
         run_dir = Path(argv[argv.index("--run-dir") + 1])
+    refuse_if_in_use(run_dir, name)
     model = argv[argv.index("--hf-checkpoint") + 1] if "--hf-checkpoint" in argv else None
     if model is None:
         from vime.testing.tiny_model import tiny_model_dir
@@ -85,13 +97,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     run_dir, model = prepare(argv, "quickstart")
     try:
-        args = parse_args(default_flags(run_dir, model) + argv)
+        args = checked_args(default_flags(run_dir, model) + argv)
     except VimeError as e:
         print(f"quickstart: error: {e}", file=sys.stderr)
         return 2
     t0 = time.monotonic()
     resume = shlex.join(["scripts/quickstart.sh", *argv, *([] if "--run-dir" in argv else ["--run-dir", str(run_dir)])])
-    code, state = run_to_end(args, resume)
+    from vime.launch import run_to_end  # after the checks: torch, vLLM and Temporal load here
+
+    code, state = run_to_end(args, resume, checked=True)
     if state is None:
         return code
     summarize("quickstart", Path(args.run_dir), state.metrics, time.monotonic() - t0)

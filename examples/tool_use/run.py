@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from examples.quickstart.plot import plot_curves
-from examples.quickstart.run import pop_option, summarize
+from examples.quickstart.run import pop_option, refuse_if_in_use, summarize
 from examples.tool_use.sft_traces import write_traces
 from examples.tool_use.task import problems, write_prompts
 from vime.args import parse_args
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     traces = pop_option(argv, "--traces", "1024", int)
     run_dir = Path(argv[argv.index("--run-dir") + 1]) if "--run-dir" in argv else \
         Path("runs") / time.strftime("tool-use-%Y%m%d-%H%M%S")
+    refuse_if_in_use(run_dir, "tool-use")
     run_dir.mkdir(parents=True, exist_ok=True)
     from vime.testing.tiny_model import tiny_model_dir
 

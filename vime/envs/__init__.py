@@ -14,7 +14,7 @@ import os
 import traceback
 from typing import Any
 
-from vime.envs.base import EnvContext, Environment, EnvWorkers, GroupInput, GroupOutput, env_flag
+from vime.envs.base import EnvContext, Environment, EnvWorkers, env_flag
 from vime.errors import ConfigError
 from vime.plugins import _import, load_function
 
@@ -30,6 +30,15 @@ BUILTIN = {
 # `--rollout-workflow`, the flag before environments, named the workflow: its values still work.
 LEGACY_WORKFLOWS = {"RolloutWorkflow": "groups", "CodingAgentRolloutWorkflow": "coding_agent"}
 FLAG = "--rollout-env"
+
+
+def __getattr__(name: str) -> Any:
+    """`GroupInput`, `GroupOutput`: from `vime.envs.base`, which imports them when first asked for."""
+    if name not in ("GroupInput", "GroupOutput"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from vime.envs import base
+
+    return getattr(base, name)
 
 
 def load_environment(spec: str, flag: str = FLAG) -> Environment:
