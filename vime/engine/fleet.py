@@ -155,7 +155,10 @@ class EngineFleet:
         server = old.relaunch(model)
         slot.server = server
         server.start().wait_healthy(RESTART_TIMEOUT_S)
-        if live is not None:
+        if live is not None and _weight_label(server.url) in (live_weights.BASE_VERSION, None):
+            # Label the live weights only while no sync has reached the server since it booted:
+            # the trainer's sync (it waits for the server) may land first, and lowering its
+            # label would make every group sampled there look stale (vime.rollout.policy_check)
             _post_json(f"{server.url}/update_weight_version", {"new_version": str(live[1])})
         return live[1] if live else None
 
@@ -189,6 +192,16 @@ class EngineFleet:
         self.router.__exit__()
         self.router.__enter__()
         return f"[vime] {which} ({self.router.url}) died ({cause}); restarted it on the same address"
+
+
+def _weight_label(url: str) -> str | None:
+    """The weight version the server reports now (`default` until it is first told one), or None
+    when it does not say."""
+    try:
+        with urllib.request.urlopen(f"{url}/weight_info", timeout=30) as response:
+            return str(json.loads(response.read()).get("weight_version"))
+    except (OSError, ValueError):
+        return None
 
 
 def _post_json(url: str, payload: dict) -> None:

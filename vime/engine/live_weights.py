@@ -24,6 +24,7 @@ import struct
 from pathlib import Path
 
 WEIGHTS_FILE = "model.safetensors"
+BASE_VERSION = "default"  # the weight version vLLM reports until it is first told one
 VERSION_KEY = "vime_weight_version"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".h5")
 

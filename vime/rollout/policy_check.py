@@ -20,13 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from vime.engine.live_weights import BASE_VERSION
 from vime.errors import ServiceError
 from vime.log import get_logger
 from vime.types import Sample
 
 log = get_logger(__name__)
-
-BASE_VERSION = "default"  # what vLLM reports before its first /update_weight_version
 
 
 class StalePolicyError(ServiceError):
