@@ -54,6 +54,5 @@ class StepActivities:
 
 
 def _recorded(manifest) -> RecordedStep:
-    meta = manifest.meta or {}
-    return RecordedStep(manifest.step, int(meta.get("next_position", 0)), len(manifest.rollout_ids),
-                        manifest.weight_version, int(meta.get("failed_samples", 0)))
+    return RecordedStep(manifest.step, int((manifest.meta or {}).get("next_position", 0)),
+                        len(manifest.rollout_ids), manifest.weight_version)
