@@ -161,11 +161,11 @@ class TrainRun:
             assert store.count_samples(self.run_id) == self.steps * self.groups * self.n
             assert store.count_samples(self.run_id, untrained=True) == 0
 
-    def assert_on_policy(self, max_staleness: int = 0) -> dict[int, list[int]]:
+    def assert_on_policy(self, max_staleness: int = 0) -> dict[int, set[int]]:
         """Every trained sample of step k was sampled under policy version k - max_staleness ... k
         (version k is the policy after k steps: vLLM reports it per response, `"default"` for
         the base checkpoint, i.e. 0). Returns each step's versions, for the test's report."""
-        seen: dict[int, list[int]] = {}
+        seen: dict[int, set[int]] = {}
         with SampleStore.open(self.run_dir) as store:
             for step in sorted(store.trained_counts(self.run_id)):
                 for sample in filter(trainable, store.read_step_samples(self.run_id, step)):
@@ -174,7 +174,7 @@ class TrainRun:
                     assert all(v is not None and step - max_staleness <= v <= step for v in versions), (
                         f"step {step} trained a sample of policy version {sample.weight_versions} "
                         f"(bound {step - max_staleness}..{step}):\n{self.tail()}")
-                    seen.setdefault(step, []).extend(v for v in versions if v not in seen.get(step, []))
+                    seen.setdefault(step, set()).update(versions)
         return seen
 
     def assert_nothing_left(self, timeout: float = 30) -> None:

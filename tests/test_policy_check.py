@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from vime.errors import ServiceError
-from vime.rollout.policy_check import StalePolicyError, check_on_policy, is_stale, sampled_versions
+from vime.rollout.policy_check import StalePolicyError, check_on_policy, is_stale, sampled_versions, stale_report
 from vime.types import Sample
 
 
@@ -44,3 +44,9 @@ def test_a_stale_group_raises_a_retryable_error_that_names_the_group_and_the_ver
     assert message.startswith("group 12 of step 5: 2 sample(s) came from policy version default")
     assert "needs version 5 or newer" in message
     check_on_policy([sampled("5"), sampled("6")], 5, "group 13 of step 5")  # on policy: no error
+
+
+def test_the_trainer_refuses_in_the_same_words_the_rollout_side_retries_in():
+    assert stale_report([sampled("5")], 5) is None
+    assert stale_report([sampled("3", "4"), sampled("5")], 5) == \
+        "1 sample(s) came from policy version 3-4, the step needs version 5 or newer"

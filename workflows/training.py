@@ -33,8 +33,10 @@ next run finds them with `recorded_steps`: nothing is lost or collected twice.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
@@ -101,6 +103,7 @@ REGISTER_RUN_PATCH = "register-run"  # workflows recorded before runs carried th
 RELEASE_TRAINER_PATCH = "release-trainer"  # workflows recorded before trainers were leased
 RESYNC_PATCH = "resync-while-collecting"  # workflows recorded before a lost trainer was re-attached at once
 MAX_TRAINER_ERRORS = 3
+T = TypeVar("T")
 
 
 async def _attached(info: TrainerInfo) -> TrainerInfo:
@@ -304,14 +307,14 @@ class TrainingWorkflow:
         if found:
             self.state.data_position = max(self.state.data_position, *(r.next_position for r in found))
 
-    async def _await_rollouts(self, pending):
-        """Wait for a step's rollouts (`pending`). A trainer lost meanwhile is re-attached now, not when the
-        step trains: a relaunch (after SIGTERM, Ctrl-C or kill -9 of the launcher) brings servers
-        up on the base checkpoint, and attaching pushes the run's policy to them. Until then the
-        groups sampled there fail as stale (`vime.rollout.policy_check`) and are sampled again:
-        no step trains on the wrong weights, and none waits a whole trainer timeout to find out."""
+    async def _await_rollouts(self, pending: Awaitable[T]) -> T:
+        """Wait for a step's rollouts (`pending`). A trainer lost meanwhile is re-attached now, not
+        when the step trains: a relaunch (after SIGTERM, Ctrl-C or kill -9 of the launcher) brings
+        servers up on the base checkpoint, and attaching pushes the run's policy to them. Until
+        then the groups sampled there fail as stale (`vime.rollout.policy_check`) and are sampled
+        again: no step trains on the wrong weights, and none waits for its trainer call to find out."""
         task = asyncio.ensure_future(pending)
-        while not task.done():
+        while not task.done():  # no wait at all when it is done: the same commands, in the same order
             await workflow.wait_condition(lambda: task.done() or self.trainer is None)
             if task.done() or not workflow.patched(RESYNC_PATCH):
                 break

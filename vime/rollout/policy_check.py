@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from vime.engine.live_weights import BASE_VERSION
 from vime.errors import ServiceError
 from vime.log import get_logger
+from vime.sample_summary import versions_text
 from vime.types import Sample
 
 log = get_logger(__name__)
@@ -52,14 +53,20 @@ def is_stale(sample: Sample, min_version: int) -> bool:
     return any(v is None or v < min_version for v in sampled_versions(sample))
 
 
+def stale_report(samples: Iterable[Sample], min_version: int) -> str | None:
+    """`"N sample(s) came from policy version V, the step needs version M or newer"` when any of `samples`
+    is stale, else None: the one wording of the rollout side's retry and the trainer's refusal."""
+    stale = [s for s in samples if is_stale(s, min_version)]
+    if not stale:
+        return None
+    seen = sorted({versions_text(s.weight_versions) for s in stale})
+    return f"{len(stale)} sample(s) came from policy version {', '.join(seen)}, the step needs version {min_version} or newer"
+
+
 def check_on_policy(samples: Iterable[Sample], min_version: int, what: str) -> None:
     """Raise `StalePolicyError` when any of `samples` is stale: `what` names the group."""
-    stale = [s for s in samples if is_stale(s, min_version)]
-    if stale:
-        seen = sorted({str(span.get("version") if isinstance(span, dict) else span)
-                       for s in stale for span in s.weight_versions or []})
-        log.warning("rollout.stale_policy", group=what, stale=len(stale), versions=seen, needs=min_version)
-        raise StalePolicyError(
-            f"{what}: {len(stale)} sample(s) came from policy version {', '.join(seen)} but the step needs "
-            f"version {min_version} or newer (a server restarted on other weights and is not synced yet); "
-            "sampling again once the trainer has pushed the current policy")
+    report = stale_report(samples, min_version)
+    if report:
+        log.warning("rollout.stale_policy", group=what, report=report)
+        raise StalePolicyError(f"{what}: {report} (a server restarted on other weights and is not synced yet); "
+                               "sampling again once the trainer has pushed the current policy")

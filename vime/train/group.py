@@ -12,9 +12,8 @@ from typing import Any
 
 from vime.errors import ConfigError
 from vime.log import get_logger
-from vime.rollout.policy_check import is_stale
+from vime.rollout.policy_check import stale_report
 from vime.run_args import RunArgs, serves_own_run
-from vime.sample_summary import versions_text
 from vime.store import SampleStore
 from vime.train import distributed as dist_utils
 from vime.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -138,13 +137,10 @@ class TrainerGroup:
         weights older than the version its manifest records (the rollout activities re-sample
         such groups before storing them; see `vime.rollout.policy_check`)."""
         manifest = self.store.read_step_manifest(run_id, step)
-        bound = manifest.weight_version if manifest is not None else 0
-        stale = [s for s in samples if is_stale(s, bound)]
-        if stale:
-            seen = sorted({versions_text(s.weight_versions) for s in stale})
-            raise ConfigError(f"step {step} of run {run_id!r} holds {len(stale)} sample(s) from policy version "
-                              f"{', '.join(seen)}, older than the {bound} its rollouts started under; not training "
-                              "on them (a rollout environment stored them without vime's version check)")
+        report = stale_report(samples, manifest.weight_version if manifest is not None else 0)
+        if report:
+            raise ConfigError(f"step {step} of run {run_id!r}: {report}; not training on them (a rollout "
+                              "environment stored them without vime's version check)")
 
     def state_dict_and_probe(self) -> tuple[dict, list[int], list[float]]:
         """Full weights (rank 0) and the trainer's logprobs of a fixed probe sequence."""
