@@ -4,6 +4,15 @@ Idempotent on (run, rollout ids of the group): a retry after a crash finds the g
 stored and returns it without generating again; a retry after a crash mid-generation
 generates again and writes once (the store keeps the first write of a rollout).
 
+A group holding a sample that a hook failed (it raised or timed out: `metadata["hook_failure"]`,
+see `vime.rollout.group`) is stored, so the failures can be read, and marked not kept (filter
+reason `failed_samples`) without asking the dynamic-sampling filter: the training workflow
+drops it whole, counts its failures against `--max-failed-sample-ratio` and draws a group in
+its place. Under GRPO the group's advantages are normalised over its own rollouts; training the
+rest of a group without its failed member would skew them. A group answered from the store
+says so (`earlier`): its failures were counted when it was generated, or stopped the run that
+generated it, so a run resumed after the hook is fixed does not stop on them again.
+
 A group is stored whole or not at all: if any of its rollouts hit an infrastructure failure
 (the engine died, was cut off or stalled), nothing is written and the activity fails with a
 retryable `InfraFailure` after the engine answers again (or a bounded wait), so Temporal's retry
@@ -22,6 +31,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.errors import final_config_errors
 from activities.heartbeat import heartbeating
+from activities.hook_notices import watch_hooks
 from activities.store_calls import store_call
 from vime.engine.health import wait_until_healthy
 from vime.plugins import call_hook_async, load_hook
@@ -44,8 +54,11 @@ ENGINE_WAIT_S = 30.0
 PREVIEW_SAMPLES, PREVIEW_PROMPT_CHARS, PREVIEW_RESPONSE_CHARS = 16, 160, 320
 
 
+FAILED_SAMPLES = "failed_samples"  # the filter reason of a group dropped for its failed samples
+
+
 def summarize(position: int, ids: list[str], results: list[list[Sample]], keep: bool = True,
-              reason: str | None = None, *, preview: bool = True) -> RolloutOutput:
+              reason: str | None = None, *, preview: bool = True, earlier: bool = False) -> RolloutOutput:
     """The small summary of a stored group that travels back through Temporal (with `preview`,
     the short texts its workflow puts in its memo for the Web UI)."""
     samples = [s for rollout in results for s in rollout]
@@ -53,16 +66,24 @@ def summarize(position: int, ids: list[str], results: list[list[Sample]], keep: 
     errors = [s for s in samples if s.status == Sample.Status.FAILED and s not in infra]
     rewards = [r[-1].reward for r in results if r and isinstance(r[-1].reward, (int, float))
                and not (r[-1].metadata or {}).get("infra_failure")]
-    first = next(((s.metadata or {}) for s in errors), None)
+    metas = [s.metadata or {} for s in errors]
+    first = next((m for m in metas if m.get("hook_failure")), metas[0] if metas else None)
     first_error = None
-    if first is not None:
-        first_error = f"{first.get('error_source', 'generate')} failed: {first.get('error')}"
+    if first is not None:  # a hook's failure names itself; other errors are named here
+        first_error = first.get("hook_failure") or f"{first.get('error_source', 'generate')} failed: " \
+            f"{first.get('error')}"
     failed = bool(samples) and len(infra) == len(samples)
     return RolloutOutput(position, ids, keep=keep and not failed, filter_reason=reason,
                          reward_mean=sum(rewards) / len(rewards) if rewards else None,
                          status="failed" if failed else "completed", samples=len(samples),
                          errors=len(errors), infra=len(infra), first_error=first_error,
+                         failed=hook_failures(results), earlier=earlier,
                          preview=_preview(ids, results) if preview else None)
+
+
+def hook_failures(results: list[list[Sample]]) -> int:
+    """Samples of the group that a hook failed (raised, timed out)."""
+    return sum(1 for r in results for s in r if (s.metadata or {}).get("hook_failure"))
 
 
 def _preview(ids: list[str], results: list[list[Sample]]) -> list[dict]:
@@ -119,11 +140,14 @@ class RolloutActivities:
         if stored is not None:  # a retry of a group that was written: answer from the store
             return self._output(inp.position, ids, stored)
 
+        if activity.in_activity():
+            watch_hooks(activity.client())
         async with heartbeating():
             results = await run_group(args, group, evaluation=inp.evaluation)
             await self._retry_if_infra(args, results, f"group {inp.position}")
         check_on_policy((s for r in results for s in r), inp.weight_version, f"group {inp.position} of step {inp.step}")
-        keep, reason = apply_dynamic_filter(args, [s for r in results for s in r])
+        keep, reason = ((False, FAILED_SAMPLES) if hook_failures(results)
+                        else apply_dynamic_filter(args, [s for r in results for s in r]))
         for rid, siblings in zip(ids, results):
             for s in siblings:
                 s.rollout_id = rid
@@ -169,7 +193,7 @@ class RolloutActivities:
 
     def _output(self, position: int, ids: list[str], results: list[list[Sample]]) -> RolloutOutput:
         verdict = results[0][0].metadata.get("filter", {}) if results and results[0] else {}
-        return summarize(position, ids, results, bool(verdict.get("keep", True)), verdict.get("reason"))
+        return summarize(position, ids, results, bool(verdict.get("keep", True)), verdict.get("reason"), earlier=True)
 
     async def _retry_if_infra(self, args: Any, results: list[list[Sample]], what: str) -> None:
         """Store nothing of a group that hit an infrastructure failure: wait (bounded) for the

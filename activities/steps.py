@@ -54,5 +54,6 @@ class StepActivities:
 
 
 def _recorded(manifest) -> RecordedStep:
-    return RecordedStep(manifest.step, int((manifest.meta or {}).get("next_position", 0)),
-                        len(manifest.rollout_ids), manifest.weight_version)
+    meta = manifest.meta or {}
+    return RecordedStep(manifest.step, int(meta.get("next_position", 0)), len(manifest.rollout_ids),
+                        manifest.weight_version, int(meta.get("failed_samples", 0)))

@@ -173,6 +173,9 @@ def test_explicit_values_beat_derived_defaults():
         (["--tis-clip-low", "3"], "--tis-clip-low 3.0 / --tis-clip 2.0"),
         (["--tis-clip-low", "-1"], "--tis-clip-low must be >= 0"),
         (["--mis-low", "2", "--mis-high", "1"], "--mis-low 2.0 / --mis-high 1.0"),
+        (["--max-failed-sample-ratio", "1.5"], "--max-failed-sample-ratio must be in [0, 1]"),
+        (["--custom-rm-timeout", "-1"], "--custom-rm-timeout must be >= 0"),
+        (["--custom-generate-timeout", "-5"], "--custom-generate-timeout must be >= 0"),
     ],
 )
 def test_bad_values_name_the_flag(argv, expected):

@@ -171,7 +171,7 @@ def test_a_missing_checkpoint_directory_is_one_line_before_anything_starts(tmp_p
 
 
 @pytest.mark.vllm
-def test_a_reward_function_that_raises_stops_the_run_in_one_line_and_the_fixed_run_resumes(
+def test_a_reward_function_that_raises_on_every_sample_stops_the_run_in_one_line_and_the_fixed_run_resumes(
         training_server, tiny_model_dir, tmp_path):
     write(tmp_path / "bad_reward.py", REWARD_THAT_RAISES)
     run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), "--custom-rm-path", "bad_reward.score")
@@ -179,16 +179,21 @@ def test_a_reward_function_that_raises_stops_the_run_in_one_line_and_the_fixed_r
     t0 = time.monotonic()
     assert run.run_to_end(300) == 2
     line = one_line_error(run.output())
-    assert "--custom-rm-path 'bad_reward.score' raised ZeroDivisionError" in line, line
+    assert "step 0: every one of its 8 samples failed" in line, line
+    assert "--custom-rm-path 'bad_reward.score' raised ZeroDivisionError" in line and "bad_reward.py:3)" in line, line
     assert time.monotonic() - t0 < 60, f"{time.monotonic() - t0:.0f} s"
-    assert stored_samples(run.run_dir) == 0
+    with SampleStore.open(run.run_dir) as store:  # kept, FAILED, for `vime samples` to show
+        assert store.count_samples(run.run_id, status="failed") == stored_samples(run.run_dir) == 8
     run.assert_nothing_left()
 
-    # fixed, the same command resumes the failed run and trains it to the end
+    # fixed, the same command resumes the failed run and trains it to the end, on other groups
+    # than the failed ones (read back from the store, dropped, not counted again)
     write(tmp_path / "bad_reward.py", "async def score(args, sample):\n    return 0.5\n")
     assert run.run_to_end(600) == 0, run.tail()
     assert "workflow failed (" in run.output(2) and "starting it again" in run.output(2)
-    run.assert_trained_exactly_once()
+    assert run.trained_counts() == {step: run.groups * run.n for step in range(run.steps)}
+    with SampleStore.open(run.run_dir) as store:
+        assert store.count_samples(run.run_id, untrained=True) == store.count_samples(run.run_id, status="failed") == 8
 
 
 @pytest.mark.vllm

@@ -118,6 +118,13 @@ class VimeArgs:
     custom_generate_function_path: str | None = _rollout(
         None, "async generate(args, sample, sampling_params[, evaluation]) -> Sample | list[Sample]."
     )
+    custom_generate_timeout: float = _rollout(
+        900.0, "Seconds one --custom-generate-function-path call may take; past it the sample is FAILED "
+               "(timed out) and the run goes on (0: no limit).")
+    max_failed_sample_ratio: float = _rollout(
+        0.1, "Share of a step's samples a hook may fail (raise or time out) before the run stops with the "
+             "first error. A group with a failed sample is dropped whole and replaced; set it well above the "
+             "hook's failure rate, as a step's share varies (1: never stop, unless every sample fails).")
     rollout_batch_size: int | None = _rollout(None, "Prompts per rollout step.")
     n_samples_per_prompt: int = _rollout(1, "Responses per prompt (the group size).")
     over_sampling_batch_size: int | None = _rollout(None, "Prompts per sampling round (default: rollout batch).")
@@ -149,6 +156,9 @@ class VimeArgs:
 
     # reward
     custom_rm_path: str | None = _reward(None, "async rm(args, sample) -> float; with --group-rm samples -> list.")
+    custom_rm_timeout: float = _reward(
+        300.0, "Seconds one --custom-rm-path call may take; past it the sample is FAILED (timed out) and the "
+               "run goes on (0: no limit).")
     group_rm: bool = _reward(False, "Call the reward function once per group.")
     rm_type: str | None = _reward(None, "Built-in reward type.")
     rm_url: str | None = _reward(None, "Reward service URL (for --rm-type remote_rm).")

@@ -21,7 +21,8 @@ _POSITIVE = (
     "n_samples_per_eval_prompt", "max_concurrent_rollouts", "update_weight_buffer_size",
 )
 _NON_NEGATIVE = ("max_staleness", "continue_as_new_after_steps", "lr", "min_lr", "lr_warmup_iters", "weight_decay",
-                 "clip_grad", "eps_clip", "kl_coef", "kl_loss_coef", "entropy_coef", "tis_clip_low")
+                 "clip_grad", "eps_clip", "kl_coef", "kl_loss_coef", "entropy_coef", "tis_clip_low",
+                 "custom_rm_timeout", "custom_generate_timeout")
 HOOK_FLAGS = ("rollout_function_path", "custom_generate_function_path", "dynamic_sampling_filter_path",
               "buffer_filter_path", "eval_function_path", "custom_rm_path", "data_source_path")
 """The flags that name a user hook by dotted path (`VimeArgs` attribute names)."""
@@ -49,6 +50,9 @@ def resolve(args: Any) -> None:
     for name in HOOK_FLAGS:
         if getattr(args, name) is not None:
             split_path(getattr(args, name), "--" + name.replace("_", "-"))
+    if not 0 <= args.max_failed_sample_ratio <= 1:
+        raise ConfigError(f"--max-failed-sample-ratio must be in [0, 1] (a share of a step's samples), "
+                          f"got {args.max_failed_sample_ratio}")
     if args.engine_progress_timeout <= 0:
         raise ConfigError(f"--engine-progress-timeout must be > 0 seconds, got {args.engine_progress_timeout}")
     if args.rollout_temperature <= 0:

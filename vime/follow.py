@@ -5,7 +5,8 @@
   restarted (same address, same database file, current weights) and what happened is printed;
 - the workflow's progress is queried (for at most `QUERY_TIMEOUT_S`: the worker that answers may
   have just died) and each step finished *during this launch* is printed (steps finished before
-  it are not: a rerun reports the steps it actually trained).
+  it are not: a rerun reports the steps it actually trained), with the lines workers sent it
+  for the console since (a hook a step has waited on for long).
 
 Workers are watched apart from that loop: the supervisor says the moment a worker process exits,
 and its death is handled then: restarted, printed, and reported to Temporal (`vime.recovery`), so
@@ -49,6 +50,7 @@ def format_progress(m: dict, total: int) -> str:
             + f" | len {m.get('response_length_mean', 0):.1f} | {m.get('train_tokens_per_second', 0):.0f} tok/s"
             + (f" | stale {m['staleness_mean']:.1f}/{m['staleness_max']}" if "staleness_mean" in m else "")
             + (f" dropped {m['dropped_groups']}" if m.get("dropped_groups") else "")
+            + (f" | failed {m['failed_samples']}" if m.get("failed_samples") else "")
             + f" | rollout {m.get('rollout_wait_seconds', 0):.1f}s train {m.get('train_phase_seconds', 0):.1f}s"
             + f" sync {m.get('sync_seconds', 0):.2f}s (pause {m.get('sync_pause_seconds', 0):.3f}s)")
 
@@ -71,6 +73,7 @@ class Follower:
     started_at: float = field(default_factory=time.time)  # steps that finished after this are this launch's
     progress: dict = field(default_factory=dict)  # the last progress the workflow reported
     printed: list[int] = field(default_factory=list)  # steps finished (and printed) by this launch
+    noticed: set = field(default_factory=set)  # workers' notices printed, as (time, line)
 
     async def follow(self) -> TrainingState:
         result = asyncio.create_task(self._result())
@@ -145,6 +148,11 @@ class Follower:
             return
         self.progress = {**self.progress, **p}
         total = self.progress.get("num_rollout") or 0
+        for n in p.get("notices", []):  # a worker's line for the console (a hook the step waits on)
+            key = (n["at"], n["line"])
+            if n["at"] >= self.started_at and key not in self.noticed:
+                self.noticed.add(key)
+                print(n["line"], flush=True)
         for m in p.get("metrics", []):
             mine = m["step"] >= self.start_step if self.start_step is not None else (
                 m.get("finished_at", 0.0) >= self.started_at)  # attached: what finished since this launch began

@@ -124,7 +124,8 @@ def training_config(args) -> TrainingConfig:
         n_samples_per_prompt=args.n_samples_per_prompt, sandbox_task_queue=args.sandbox_task_queue,
         continue_as_new_after_steps=args.continue_as_new_after_steps,
         fully_async=args.fully_async, max_concurrent_rollouts=args.max_concurrent_rollouts or 0,
-        staleness_control=args.staleness_control, run_argv=list(args.argv),
+        staleness_control=args.staleness_control, max_failed_sample_ratio=args.max_failed_sample_ratio,
+        run_argv=list(args.argv),
     )
 
 

@@ -14,9 +14,10 @@ Failure semantics of the activity (see activities/rollout.py):
 - a configuration error (a reward function that raises or returns NaN, a generate hook that
   breaks the Sample contract) is non-retryable: the workflow fails with the hook's message,
   and the training workflow stops the run with it;
-- a sample the model or the user's hook failed (an exception, an HTTP 4xx) is stored FAILED with
-  its error; `errors` and `first_error` carry it up, so a step whose *every* sample failed
-  stops the run instead of training on nothing.
+- a sample the model or the user's hook failed (an exception, an HTTP 4xx, a hook past its
+  timeout) is stored FAILED with its error; `errors` and `first_error` carry it up, the group
+  is not kept (a hook's failure) and the training workflow counts it against
+  `--max-failed-sample-ratio` (`workflows.failures`), stopping the run with the first error above it.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ class RolloutOutput:
     errors: int = 0  # samples that failed with an error of the model, the data or a hook (not infra)
     infra: int = 0  # samples that failed for infrastructure reasons (agent rollouts only: kept, not trained)
     first_error: str | None = None
+    failed: int = 0  # of `errors`, the samples a hook failed (raised, timed out): the group is not kept
+    earlier: bool = False  # answered from the store: generated (and its failures counted) before
     # What the Web UI shows of the group (its workflow's memo): each sample's reward, status and
     # the start of its prompt and response. The group's workflow takes it off before returning,
     # so the training workflow's history never carries text.

@@ -41,6 +41,7 @@ class RecordedStep:
     next_position: int
     rollouts: int
     weight_version: int
+    failed_samples: int = 0  # samples a hook failed while the step was collected (its groups dropped)
 
 
 RECORD_METRICS = "record_metrics"

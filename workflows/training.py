@@ -46,6 +46,7 @@ from temporalio.exceptions import (ActivityError, ApplicationError, ChildWorkflo
 with workflow.unsafe.imports_passed_through():
     from vime.temporal.search_attributes import POLICY_VERSION, ROLLOUT_STATUS, RUN_ID
     from workflows.async_pool import NothingToTrain, PoolConfig, PooledGroup, RolloutPool
+    from workflows.failures import StepFailures
     from workflows.rollout import (CONFIG_ERROR, ROLLOUT_STEP, RolloutInput, RolloutOutput,
                                    RolloutStepInput, RolloutStepOutput, rollout_retry_policy,
                                    rollout_workflow_id, starting_search_attributes)
@@ -77,6 +78,7 @@ class TrainingConfig:
     max_concurrent_rollouts: int = 0  # groups in flight in fully async mode (0: rollout_batch_size)
     staleness_control: str = "pace"  # or "discard" (fully async mode)
     local_activities: bool = True  # each group generated as a local activity of its workflow (cheaper)
+    max_failed_sample_ratio: float = 0.1  # a step's share of samples a hook may fail (workflows.failures)
     run_argv: list[str] = field(default_factory=list)  # the run's flags: workers read its config (run_args)
 
 
@@ -102,6 +104,8 @@ METRICS_FILE_PATCH = "metrics-jsonl"  # workflows recorded before metrics.jsonl 
 REGISTER_RUN_PATCH = "register-run"  # workflows recorded before runs carried their flags
 RELEASE_TRAINER_PATCH = "release-trainer"  # workflows recorded before trainers were leased
 RESYNC_PATCH = "resync-while-collecting"  # workflows recorded before a lost trainer was re-attached at once
+HOOK_FAILURES_PATCH = "hook-failures"  # workflows recorded before failed groups were counted and replaced
+KEEP_NOTICES = 20
 MAX_TRAINER_ERRORS = 3
 T = TypeVar("T")
 
@@ -152,13 +156,21 @@ class TrainingWorkflow:
         self.next_take = 0  # fully async: the next step to take groups for
         self.children_running = 0  # rollout workflows started and not yet ended
         self.leased: str | None = None  # the queue of the trainer this run picked last (released at its end)
+        self.notices: list[dict] = []  # the latest lines workers sent for the console (`notice`)
 
     @workflow.query
     def progress(self) -> dict:
         return {"step": self.state.step, "num_rollout": self.cfg.num_rollout if self.cfg else None,
                 "phase": self.phase, "weight_version": self.state.weight_version,
                 "data_position": self.state.data_position, "checkpoint_step": self.state.checkpoint_step,
-                "checkpoint": self.state.checkpoint, "metrics": self.state.metrics[-KEEP_METRICS:]}
+                "checkpoint": self.state.checkpoint, "metrics": self.state.metrics[-KEEP_METRICS:],
+                "notices": self.notices}
+
+    @workflow.signal
+    def notice(self, line: str) -> None:
+        """A line for the console from a worker (a hook the run waits on: `activities.hook_notices`);
+        `vime train` prints it from `progress`."""
+        self.notices = (self.notices + [{"at": workflow.now().timestamp(), "line": line}])[-KEEP_NOTICES:]
 
     @workflow.signal
     def trainer_lost(self) -> None:
@@ -236,6 +248,7 @@ class TrainingWorkflow:
                 self.pool.synced()
                 metrics.update(self.async_metrics.pop(step, {}), rollouts_in_flight=len(self.pool.in_flight))
             metrics.update(step=step, weight_version=self.state.weight_version, rollouts=prepared.rollouts,
+                           failed_samples=prepared.failed_samples,
                            rollout_wait_seconds=t1 - t0, train_phase_seconds=t2 - t1,
                            sync_seconds=workflow.time() - t2, sync_pause_seconds=sync.get("pause_seconds", 0.0),
                            finished_at=workflow.now().timestamp(),
@@ -326,8 +339,12 @@ class TrainingWorkflow:
         """The step's manifest: recorded earlier, or collected now and recorded."""
         if step in self.recorded:
             return self.recorded.pop(step)
-        groups = await self._collect(step, weight_version)
-        return await self._record(step, groups, weight_version)
+        failures = StepFailures(self.cfg.max_failed_sample_ratio) if workflow.patched(HOOK_FAILURES_PATCH) else None
+        groups = await self._collect(step, weight_version, failures)
+        if failures is not None and failures.over_bound():
+            raise _final(failures.stop_message(step))
+        extra = {"failed_samples": failures.failed, "first_failure": failures.first_error} if failures else None
+        return await self._record(step, groups, weight_version, extra)
 
     async def _take(self, step: int) -> RecordedStep:
         """Fully async: the step's groups as they finished, within the staleness bound."""
@@ -390,11 +407,14 @@ class TrainingWorkflow:
 
     # ---- rollouts ----------------------------------------------------------------------------
 
-    async def _collect(self, step: int, weight_version: int) -> list[RolloutOutput]:
-        """`rollout_batch_size` groups the dynamic-sampling filter kept (fewer if rounds run out)."""
+    async def _collect(self, step: int, weight_version: int,
+                       failures: StepFailures | None = None) -> list[RolloutOutput]:
+        """`rollout_batch_size` groups the dynamic-sampling filter kept (fewer if rounds run out).
+        Groups with failed samples are not kept either: others are drawn in their place, each
+        round's counted in `failures`, and a round whose every sample failed ends the step."""
         cfg = self.cfg
         if cfg.custom_rollout_function:
-            return await self._collect_by_function(step, weight_version)
+            return await self._collect_by_function(step, weight_version, failures)
         kept: list[RolloutOutput] = []
         for round_ in range(cfg.max_filter_rounds):
             want = cfg.rollout_batch_size - len(kept)
@@ -403,13 +423,18 @@ class TrainingWorkflow:
             self.state.data_position += count
             outs = await asyncio.gather(*(self._rollout(step, p, weight_version) for p in positions))
             kept += [o for o in outs if o.keep]
+            if failures is not None:
+                failures.add(outs)
+                if failures.all_failed():
+                    return kept
             if len(kept) >= cfg.rollout_batch_size:
                 return kept[: cfg.rollout_batch_size]
         workflow.logger.warning("step %d: only %d of %d groups passed the filter in %d rounds",
                                 step, len(kept), cfg.rollout_batch_size, cfg.max_filter_rounds)
         return kept
 
-    async def _collect_by_function(self, step: int, weight_version: int) -> list[RolloutOutput]:
+    async def _collect_by_function(self, step: int, weight_version: int,
+                                   failures: StepFailures | None = None) -> list[RolloutOutput]:
         """The user's rollout function owns the step: it pulls prompts from a data source at our
         position, and tells us where it stopped."""
         cfg = self.cfg
@@ -424,6 +449,8 @@ class TrainingWorkflow:
         except ActivityError as e:
             raise _final(f"step {step}: --rollout-function-path failed: {root_message(e)}") from e
         self.state.data_position = out.next_position
+        if failures is not None:
+            failures.add(out.groups)
         return [g for g in out.groups if g.keep]
 
     async def _rollout(self, step: int, position: int, weight_version: int) -> RolloutOutput:

@@ -14,14 +14,20 @@ Invariants of the result, relied on by the store and the trainer:
   the *last* sibling (the end of the trajectory, where the outcome is) and every sibling gets
   that reward; a generate function may instead reward each sibling itself (a multi-agent
   system scoring each role's turn), and those rewards are kept;
-- a failed generate never fails the group: a generate that raised becomes a FAILED copy of the
-  input sample with `metadata["error"]` (and the hook that raised in `metadata["error_source"]`);
-  when the error is an infrastructure one (`is_infra_error`: engine down, a cut connection, a
-  5xx, no progress) `metadata["infra_failure"]` holds the cause, its reward stays None and it is
-  kept out of advantage statistics; other failures (the model or the agent broke something, an
-  HTTP 4xx the hook's request earned) get `FAILED_REWARD`, an ordinary low reward. A
-  `ConfigError` (a misconfiguration, a hook breaking the Sample contract, a reward function that
-  raised) is not data and propagates;
+- a failed generate never fails the group: a generate that raised, or ran past
+  `--custom-generate-timeout`, becomes a FAILED copy of the input sample with `metadata["error"]`
+  and the hook that raised in `metadata["error_source"]`. When the error is an infrastructure
+  one (`is_infra_error`: engine down, a cut connection, a 5xx, no progress)
+  `metadata["infra_failure"]` holds the cause, its reward stays None and it is kept out of
+  advantage statistics. Other failures (the model or the agent broke something, an HTTP 4xx the
+  hook's request earned, a timeout) are the hook's: `metadata["hook_failure"]` holds one line
+  naming the hook, the sample and the file:line, and the reward is `FAILED_REWARD`. A
+  `ConfigError` (a misconfiguration, a hook breaking the Sample contract, a reward that is NaN or
+  not a number) is not data and propagates;
+- a reward function that raised or timed out on a rollout (`SampleRewardError`) fails that
+  rollout the same way (FAILED, `hook_failure`), with no reward; with `--group-rm` the call
+  covers the group, so the group's rollouts fail together. Groups holding failed samples are
+  dropped whole by the rollout activity (see `activities.rollout`), never trained;
 - ABORTED rollouts (engine aborted them, e.g. for a weight sync) are not scored: they are for
   `data_source.add_samples`, to be continued, not trained on.
 """
@@ -40,7 +46,8 @@ from vime.log import get_logger
 from vime.plugins import call_hook_async, load_function
 from vime.rollout import generate as default_generate
 from vime.rollout.failures import is_infra_error
-from vime.rollout.rewards import group_rewards
+from vime.rollout.hook_calls import HookTimeout, call_limited, hook_label, user_frame
+from vime.rollout.rewards import SampleRewardError, group_rewards
 from vime.rollout.sampling import params_for_sample, sampling_params_from_args
 from vime.types import Sample
 
@@ -59,6 +66,17 @@ def _generate_hook(args: Any) -> tuple[Callable[..., Any], str]:
     return load_function(path, "--custom-generate-function-path"), f"--custom-generate-function-path {path!r}"
 
 
+async def _call_generate(args: Any, hook: Callable[..., Any], *call_args: Any, evaluation: bool) -> Any:
+    """The user's generate hook within `--custom-generate-timeout` (a sync one in a thread); the
+    built-in generate as is (its engine client has its own no-progress timeout)."""
+    path = getattr(args, "custom_generate_function_path", None)
+    if path is None:
+        return await call_hook_async(hook, args, *call_args, evaluation=evaluation)
+    return await call_limited(hook, hook_label("--custom-generate-function-path", path),
+                              float(getattr(args, "custom_generate_timeout", 0) or 0), args, *call_args,
+                              run_id=getattr(args, "run_id", None), evaluation=evaluation)
+
+
 def _as_siblings(result: Any, source: str) -> list[Sample]:
     siblings = result if isinstance(result, list) else [result]
     if not siblings or not all(isinstance(s, Sample) for s in siblings):
@@ -69,18 +87,30 @@ def _as_siblings(result: Any, source: str) -> list[Sample]:
     return siblings
 
 
-def _mark_failed(original: Sample, exc: Exception, source: str) -> Sample:
+def _mark_failed(original: Sample, exc: Exception, source: str, hook: Callable[..., Any] | None = None) -> Sample:
     sample = original
-    sample.status = Sample.Status.FAILED
-    sample.metadata = dict(sample.metadata or {})
     cause = f"{type(exc).__name__}: {exc}"
-    sample.metadata["error"] = cause
-    sample.metadata["error_source"] = source
     infra = is_infra_error(exc)
     if infra:
+        _fail(sample, cause, source)
         sample.metadata["infra_failure"] = cause
+    else:
+        on = f" on sample {sample.index}" if sample.index is not None else ""
+        line = (f"{exc}{on}" if isinstance(exc, HookTimeout)
+                else f"{source} raised {cause}{on}{user_frame(exc, hook)}")
+        _fail(sample, cause, source, line)
     log.warning("rollout.generate.failed", index=sample.index, hook=source, error=cause, infra=infra)
     return sample
+
+
+def _fail(sample: Sample, cause: str, source: str, line: str | None = None) -> None:
+    """Mark `sample` FAILED: the error, the hook that raised and (a hook's failure, which the
+    step counts) the one line that says where."""
+    sample.status = Sample.Status.FAILED
+    sample.metadata = dict(sample.metadata or {})
+    sample.metadata.update(error=cause, error_source=source)
+    if line is not None:
+        sample.metadata["hook_failure"] = line
 
 
 def _assign_ids(siblings: list[Sample], original: Sample, source: str) -> None:
@@ -109,11 +139,11 @@ async def _generate_rollout(args: Any, hook: Callable[..., Any], source: str, sa
     else:
         original = copy.deepcopy(sample)
         try:
-            result = await call_hook_async(hook, args, sample, params, evaluation=evaluation)
+            result = await _call_generate(args, hook, sample, params, evaluation=evaluation)
         except ConfigError:
             raise
         except Exception as exc:  # noqa: BLE001 - a failed rollout is data, see the module docstring
-            siblings = [_mark_failed(original, exc, source)]
+            siblings = [_mark_failed(original, exc, source, hook)]
         else:
             siblings = _as_siblings(result, source)
         sample = original
@@ -152,6 +182,14 @@ async def score_rollouts(args: Any, rollouts: list[list[Sample]]) -> None:
         return
     try:
         values = await group_rewards(args, [rollout[-1] for rollout in pending])
+    except SampleRewardError as exc:  # this rollout's (with --group-rm: these rollouts') reward failed
+        line = str(exc)
+        log.warning("rollout.reward.failed", error=line, rollouts=len(pending))
+        for rollout in pending:
+            for s in rollout:
+                _fail(s, line, f"--custom-rm-path {getattr(args, 'custom_rm_path', None)!r}", line)
+                s.reward = None
+        return
     except ServiceError as exc:
         cause = f"reward: {type(exc).__name__}: {exc}"
         log.warning("rollout.reward.failed", error=cause, rollouts=len(pending))

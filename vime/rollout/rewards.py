@@ -12,9 +12,13 @@ In order of precedence, as in slime:
 A reward may be a dict (several scores); `reward_value` picks `--reward-key` from it. Errors
 name the hook or URL: a reward service that cannot be reached raises `ServiceError` (an infra
 failure, retried), as does a user reward function whose own HTTP client lost its service (a
-reward model's server that died and is being restarted), a misconfiguration `ConfigError`. A user reward function that raises, or
-returns NaN, infinity or a non-number, raises `RewardError` (a `ConfigError`, so it is never
-retried) naming the hook and the sample: a buggy reward function must stop the run, not zero it.
+reward model's server that died and is being restarted), a misconfiguration `ConfigError`. A user
+reward function that returns NaN, infinity or a non-number raises `RewardError` (a `ConfigError`,
+so it is never retried) naming the hook: a broken contract must stop the run, not zero it. One
+that raises, or runs past `--custom-rm-timeout`, raises `SampleRewardError` naming the hook, the
+sample and the file:line: the rollout group stores that sample FAILED and the run goes on while
+the failed share stays under `--max-failed-sample-ratio` (callers that record no failed samples,
+such as `vime rescore`, stop on it as on any `RewardError`).
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ from typing import Any
 import aiohttp
 
 from vime.errors import ConfigError, ServiceError
-from vime.plugins import call_hook_async, load_function
+from vime.plugins import load_function
 from vime.rollout import math_grader
+from vime.rollout.hook_calls import HookTimeout, call_limited, hook_label, user_frame
 from vime.rollout.failures import is_infra_error
 from vime.types import Sample
 
@@ -57,6 +62,10 @@ def _custom_rm(args: Any) -> tuple[Callable[..., Any], str] | None:
 
 class RewardError(ConfigError):
     """A reward function that raised or returned something that is not a reward."""
+
+
+class SampleRewardError(RewardError):
+    """A reward function that raised (or timed out) on particular samples: those samples fail."""
 
 
 def check_reward(value: Any, source: str) -> float | dict[str, Any]:
@@ -99,27 +108,24 @@ def reward_value(args: Any, reward: Any) -> float | None:
 
 
 async def _call_user_rm(fn: Callable[..., Any], source: str, *args: Any) -> Any:
+    rm_args = args[0]
+    target = args[1] if len(args) > 1 else None
+    which = (f" on sample {target.index}" if isinstance(target, Sample) and target.index is not None
+             else f" on a batch of {len(target)} samples" if isinstance(target, list) else "")
+    label = hook_label("--custom-rm-path", getattr(rm_args, "custom_rm_path", None) or source)
     try:
-        return await call_hook_async(fn, *args)
+        return await call_limited(fn, label, float(getattr(rm_args, "custom_rm_timeout", 0) or 0), *args,
+                                  run_id=getattr(rm_args, "run_id", None))
     except (ConfigError, ServiceError):
         raise
-    except Exception as exc:  # noqa: BLE001 - a bug in the user's function: final, with its name
-        target = args[1] if len(args) > 1 else None
-        which = (f" on sample {target.index}" if isinstance(target, Sample) and target.index is not None
-                 else f" on a batch of {len(target)} samples" if isinstance(target, list) else "")
-        where = _user_frame(exc)
+    except HookTimeout as exc:
+        raise SampleRewardError(f"{exc}{which}") from None
+    except Exception as exc:  # noqa: BLE001 - a bug in the user's function: that sample fails, named
+        where = user_frame(exc, fn)
         if is_infra_error(exc):  # its reward model's server died or hung up: retried, as a generate is
             raise ServiceError(f"{source} could not reach its service: {type(exc).__name__}: {exc}{which}{where}") \
                 from exc
-        raise RewardError(f"{source} raised {type(exc).__name__}: {exc}{which}{where}") from exc
-
-
-def _user_frame(exc: BaseException) -> str:
-    """` (file.py:12)`: the innermost frame of the traceback, where the user's bug is."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return f" ({tb.tb_frame.f_code.co_filename}:{tb.tb_lineno})" if tb is not None else ""
+        raise SampleRewardError(f"{source} raised {type(exc).__name__}: {exc}{which}{where}") from exc
 
 
 async def reward(args: Any, sample: Sample) -> float | dict[str, Any]:
