@@ -122,9 +122,10 @@ class VimeArgs:
         900.0, "Seconds one --custom-generate-function-path call may take; past it the sample is FAILED "
                "(timed out) and the run goes on (0: no limit).")
     max_failed_sample_ratio: float = _rollout(
-        0.1, "Share of a step's samples a hook may fail (raise or time out) before the run stops with the "
-             "first error. A group with a failed sample is dropped whole and replaced; set it well above the "
-             "hook's failure rate, as a step's share varies (1: never stop, unless every sample fails).")
+        0.1, "Rate at which a hook may fail samples (raise or time out) before the run stops with the first "
+             "error: a step stops when its failures exceed this rate by more than chance allows (2.5 standard "
+             "deviations). A group with a failed sample is dropped whole and replaced (0: stop at the first "
+             "failure; 1: never stop, unless every sample fails).")
     rollout_batch_size: int | None = _rollout(None, "Prompts per rollout step.")
     n_samples_per_prompt: int = _rollout(1, "Responses per prompt (the group size).")
     over_sampling_batch_size: int | None = _rollout(None, "Prompts per sampling round (default: rollout batch).")
