@@ -142,11 +142,12 @@ def bad_runs_fail_in_one_line_and_free_the_trainer(pool: Pool) -> None:
 
 
 def cancel_a_run_in_flight(pool: Pool) -> dict:
-    """Start run exp-c (its reward takes a minute, so its rollouts stay in flight), cancel it
+    """Start run exp-c (its reward takes ten minutes, so its rollouts stay in flight: they end
+    only if the cancel reaches them; one of a minute ended on its own under load), cancel it
     with `vime cancel` while both of its step's rollout workflows run, and report how it and its
     rollouts ended."""
     (pool.tmp_path / "slow_rm.py").write_text("import asyncio\n\nasync def rm(args, sample):\n"
-                                              "    await asyncio.sleep(60)\n    return 1.0\n")
+                                              "    await asyncio.sleep(600)\n    return 1.0\n")
     pool.start("exp-c", "--custom-rm-path", "slow_rm.rm")
     rollouts = ("exp-c-rollout-0", "exp-c-rollout-1")  # step 0's groups (workflow ids by data position)
     deadline = time.monotonic() + 300

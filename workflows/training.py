@@ -327,13 +327,17 @@ class TrainingWorkflow:
         then the groups sampled there fail as stale (`vime.rollout.policy_check`) and are sampled
         again: no step trains on the wrong weights, and none waits for its trainer call to find out."""
         task = asyncio.ensure_future(pending)
-        while not task.done():  # no wait at all when it is done: the same commands, in the same order
-            await workflow.wait_condition(lambda: task.done() or self.trainer is None)
-            if task.done() or not workflow.patched(RESYNC_PATCH):
-                break
-            await self._with_trainer("attach", _attached)
-            self.phase = "rollout"
-        return await task
+        try:
+            while not task.done():  # no wait at all when it is done: the same commands, in the same order
+                await workflow.wait_condition(lambda: task.done() or self.trainer is None)
+                if task.done() or not workflow.patched(RESYNC_PATCH):
+                    break
+                await self._with_trainer("attach", _attached)
+                self.phase = "rollout"
+            return await task
+        except asyncio.CancelledError:  # the run is cancelled: so are its rollouts, as when awaited directly
+            task.cancel()
+            raise
 
     async def _prepare(self, step: int, weight_version: int) -> RecordedStep:
         """The step's manifest: recorded earlier, or collected now and recorded."""
