@@ -99,7 +99,13 @@ def _preview(ids: list[str], results: list[list[Sample]]) -> list[dict]:
 
 
 def _infra_cause(results: list[list[Sample]]) -> tuple[int, str] | None:
-    causes = [s.metadata["infra_failure"] for r in results for s in r if (s.metadata or {}).get("infra_failure")]
+    """How many samples the infrastructure failed, and the first cause; None when none did. A
+    sample the engine aborted counts: its server was stopping (a relaunch, a kill of the
+    launcher), and a stored group is final here (nothing continues it), so an aborted sample
+    stored unscored stopped the run at its step's training, on every rerun."""
+    causes = [s.metadata["infra_failure"] if (s.metadata or {}).get("infra_failure") else "vLLM aborted the request"
+              for r in results for s in r
+              if (s.metadata or {}).get("infra_failure") or s.status == Sample.Status.ABORTED]
     return (len(causes), str(causes[0])) if causes else None
 
 

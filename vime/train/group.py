@@ -37,8 +37,11 @@ def sample_keys(samples: list[Sample]) -> list[str]:
 
 
 def trainable(sample: Sample) -> bool:
-    """Whether the loss uses `sample`: it has prompt and response tokens and did not fail."""
-    failed = sample.status == Sample.Status.FAILED or (sample.metadata or {}).get("infra_failure")
+    """Whether the loss uses `sample`: it has prompt and response tokens, did not fail and was not
+    aborted (an aborted sample is unscored; runs recorded before the rollout activity regenerated
+    such groups hold some in their manifests)."""
+    failed = (sample.status in (Sample.Status.FAILED, Sample.Status.ABORTED)
+              or (sample.metadata or {}).get("infra_failure"))
     return not failed and sample.response_length > 0 and sample.prompt_length > 0
 
 
