@@ -20,6 +20,7 @@ from activities.smoke import smoke_generate
 from vime.engine.server import VLLMServer
 from vime.log import get_logger
 from vime.temporal.client import temporal_service
+from vime.temporal.build_id import code_build_id
 from workflows.smoke import SmokeInput, SmokeResult, SmokeWorkflow
 
 log = get_logger(__name__)
@@ -58,7 +59,7 @@ async def run_smoke(args) -> SmokeResult:
         print(f"[smoke] Temporal at {svc.address}" + (f", Web UI {svc.ui_url}" if svc.ui_url else ""))
         with engine_url(args, model, run_dir) as url:
             async with Worker(svc.client, task_queue=args.rollout_task_queue,
-                              workflows=[SmokeWorkflow], activities=[smoke_generate]):
+                              workflows=[SmokeWorkflow], activities=[smoke_generate], build_id=code_build_id()):
                 result = await svc.client.execute_workflow(
                     SmokeWorkflow.run,
                     SmokeInput(url, model, PROMPTS, max_tokens=args.rollout_max_response_len or 16,

@@ -26,6 +26,7 @@ from vime.envs import EnvContext, load_environment, resolve, workflow_classes
 from vime.rollout.generate import close_engine_clients
 from vime.rollout.tokenization import get_tokenizer
 from vime.store import SampleStore
+from vime.temporal.build_id import code_build_id
 from workers.common import (announce, connect_from_args, ensure_run, run_until_signalled, run_worker,
                             setup_logging)
 from workflows.rollout import RolloutWorkflow
@@ -60,7 +61,8 @@ async def serve(args) -> None:
         workers.insert(0, Worker(client, task_queue=args.rollout_task_queue, workflows=workflows,
                                  activities=activities, max_concurrent_activities=ROLLOUT_ACTIVITY_SLOTS,
                                  max_concurrent_local_activities=ROLLOUT_LOCAL_ACTIVITY_SLOTS,
-                                 max_concurrent_workflow_tasks=ROLLOUT_WORKFLOW_TASK_SLOTS))
+                                 max_concurrent_workflow_tasks=ROLLOUT_WORKFLOW_TASK_SLOTS,
+                                 build_id=code_build_id()))
         announce("rollout", workers, args)
         try:
             await run_until_signalled(workers)

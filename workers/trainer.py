@@ -24,6 +24,7 @@ from activities.train import TrainerActivities
 from vime.args import parse_args_or_exit
 from vime.train import distributed as dist_utils
 from vime.train.group import TrainerGroup
+from vime.temporal.build_id import code_build_id
 from workers.common import announce, connect_from_args, run_until_signalled, run_worker, setup_logging
 
 
@@ -31,8 +32,10 @@ async def serve(args, group: TrainerGroup) -> None:
     client = await connect_from_args(args, "trainer")
     queue = f"{args.trainer_task_queue}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     acts = TrainerActivities(group, queue)
-    announcer = Worker(client, task_queue=args.trainer_task_queue, activities=[acts.pick_trainer])
-    own = Worker(client, task_queue=queue, activities=acts.all(), max_concurrent_activities=4)
+    announcer = Worker(client, task_queue=args.trainer_task_queue, activities=[acts.pick_trainer],
+                       build_id=code_build_id())
+    own = Worker(client, task_queue=queue, activities=acts.all(), max_concurrent_activities=4,
+                 build_id=code_build_id())
     announce("trainer", [announcer, own], args)
     await run_until_signalled([announcer, own])
 

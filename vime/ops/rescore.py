@@ -32,6 +32,7 @@ from vime.ops.locate import open_existing, run_dir_of, store_for
 from vime.plugins import load_function
 from vime.rundir import RunDirLock
 from vime.store.models import RunRow
+from vime.temporal.build_id import code_build_id
 from vime.temporal.client import connect
 from vime.temporal.dev_server import TemporalDevServer
 from workflows.rescore import RESCORE_TASK_QUEUE, RescoreInput, RescoreOutput, RescoreWorkflow
@@ -116,7 +117,7 @@ async def _rescore(address: str, server: TemporalDevServer | None, store, config
     client = await connect(address, identity=f"vime-rescore-{inp.run_id}")
     acts = RescoreActivities(store, config)
     async with Worker(client, task_queue=RESCORE_TASK_QUEUE, workflows=[RescoreWorkflow],
-                      activities=[acts.rescore_page]):
+                      activities=[acts.rescore_page], build_id=code_build_id()):
         deadline = time.monotonic() + REVIVE_SECONDS
         while True:
             try:

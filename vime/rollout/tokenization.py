@@ -10,7 +10,11 @@ from `apply_chat_template(tokenize=True)`.
 from __future__ import annotations
 
 import functools
+import hashlib
+import importlib
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 from vime.errors import ConfigError
@@ -18,15 +22,84 @@ from vime.errors import ConfigError
 
 @functools.lru_cache(maxsize=8)
 def get_tokenizer(path: str) -> Any:
-    """`AutoTokenizer` for `path` (the `--hf-checkpoint`), loaded once per process."""
+    """The tokenizer `AutoTokenizer` gives for `path` (the `--hf-checkpoint`), loaded once per process."""
     if not path:
         raise ConfigError("--hf-checkpoint is not set; vime needs it for the policy's tokenizer")
-    from transformers import AutoTokenizer
-
     try:
-        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=True)
+        known = known_tokenizer_class(str(path))
+        if known is not None:
+            return known.from_pretrained(str(path))
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=True)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"--hf-checkpoint {str(path)!r}: cannot load a tokenizer from it ({exc})") from exc
+    _remember_class(str(path), type(tokenizer))
+    return tokenizer
+
+
+# Which class `AutoTokenizer` picked for a checkpoint, remembered across processes. Importing
+# `AutoTokenizer` imports torch and every model's configuration (~10 s of CPU on these machines),
+# in rollout workers that otherwise need neither; the class it picks alone loads in ~2 s. Its
+# choice depends on the checkpoint's two config files (and transformers' version), so those key
+# the record; a checkpoint with remote code (its own tokenizer module) is never remembered.
+CLASSES_FILE = "tokenizer-classes.json"
+
+
+def _classes_path() -> Path:
+    return Path(os.environ.get("VIME_CACHE") or Path.home() / ".cache" / "vime").expanduser() / CLASSES_FILE
+
+
+def _checkpoint_key(path: str) -> str | None:
+    import transformers
+
+    directory = Path(path)
+    digest = hashlib.sha256(transformers.__version__.encode())
+    try:
+        for name in ("tokenizer_config.json", "config.json"):
+            digest.update((directory / name).read_bytes())
+    except OSError:
+        return None
+    return f"{directory.resolve()}:{digest.hexdigest()[:16]}"
+
+
+def _read_classes() -> dict[str, str]:
+    try:
+        known = json.loads(_classes_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def known_tokenizer_class(path: str) -> type | None:
+    """The class `AutoTokenizer` picked for this checkpoint before, as it is now; else None."""
+    key = _checkpoint_key(path)
+    name = _read_classes().get(key) if key else None
+    if not isinstance(name, str) or ":" not in name:
+        return None
+    module, _, qualname = name.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), qualname)
+    except (ImportError, AttributeError):
+        return None
+    return cls if isinstance(cls, type) else None
+
+
+def _remember_class(path: str, cls: type) -> None:
+    """Record `cls` for the checkpoint (atomically; a read-only cache only costs the next start time)."""
+    key = _checkpoint_key(path)
+    if key is None or not cls.__module__.startswith("transformers."):
+        return
+    target = _classes_path()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        known = _read_classes()
+        known[key] = f"{cls.__module__}:{cls.__qualname__}"
+        temporary = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(known, indent=1, sort_keys=True))
+        os.replace(temporary, target)
+    except OSError:
+        pass
 
 
 def tokenizer_for(args: Any) -> Any:

@@ -34,6 +34,7 @@ from vime.agent.recorder import TrajectoryRecorder
 from vime.sandbox.git import capture_diff, restore_diff
 from vime.errors import ConfigError
 from vime.log import get_logger
+from vime.temporal.build_id import code_build_id
 from vime.rollout.data_source import make_data_source
 from vime.rollout.tokenization import get_tokenizer
 from vime.store import SampleStore
@@ -143,9 +144,10 @@ def start(ctx: EnvContext) -> EnvWorkers:
     agents = CodingAgentActivities(ctx.args, ctx.store)
     workers = [
         Worker(ctx.client, task_queue=ctx.args.sandbox_task_queue, activities=sandboxes.on_sandbox_queue(),
-               max_concurrent_activities=64),
+               max_concurrent_activities=64, build_id=code_build_id()),
         Worker(ctx.client, task_queue=sandboxes.host_queue,
-               activities=sandboxes.on_host_queue() + agents.on_host_queue(), max_concurrent_activities=256),
+               activities=sandboxes.on_host_queue() + agents.on_host_queue(), max_concurrent_activities=256,
+               build_id=code_build_id()),
     ]
 
     async def close() -> None:  # a stopping worker must not leave its sandboxes behind
