@@ -116,3 +116,13 @@ def test_the_weight_sync_benchmark_compares_the_engines_on_the_tiny_model():
     assert 0 < changed < 0.05 * int(total)  # --fraction 0.01 of the elements moved
     assert float(rows["collective delta"][2]) < 0.1 * float(rows["collective dense"][2])
     assert rows["raw gloo broadcast"][-1] == "1.0x"
+
+
+def test_the_store_bulk_benchmark_round_trips_on_both_backends_and_prints_the_ratio():
+    result = subprocess.run([sys.executable, "bench/store_bulk.py", "--samples", "40", "--batch", "20",
+                             "--length", "256", "--prompt-length", "64"],
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "40 samples x 256 tokens" in result.stdout
+    assert "sqlite     write" in result.stdout and "postgresql write" in result.stdout, result.stdout + result.stderr
+    assert "postgresql / sqlite: write" in result.stdout
