@@ -3,6 +3,7 @@ engine it prints its figures."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -102,10 +103,25 @@ def test_the_weight_sync_benchmark_prints_no_ratio_when_a_sync_failed():
 
 
 @pytest.mark.vllm
-def test_the_weight_sync_benchmark_compares_the_engines_on_the_tiny_model():
-    """It starts a server per engine (~1 min here) and syncs each a few times."""
-    result = subprocess.run([sys.executable, "bench/weight_sync.py", "--sizes", "tiny", "--repeats", "1"],
-                            capture_output=True, text=True, cwd=REPO, timeout=900)
+def test_the_weight_sync_benchmark_compares_the_engines_on_the_tiny_model(training_server, tiny_model_dir, tmp_path):
+    """A server per engine (the engine is fixed at server start): the suite's training server is
+    the file engine's, and a collective one is started here (~1 min) with the flags the benchmark
+    starts its own with; each is synced a few times. The syncs leave the tiny model's weights
+    rounded to bf16 in the training server: every run on it syncs its own weights on attach."""
+    from vime.engine.server import VLLMServer
+    from vime.engine.weight_sync import weight_sync_server_args
+
+    pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    collective = VLLMServer(tiny_model_dir, log_path=tmp_path / "vllm-collective.log", env={"PYTHONPATH": pythonpath},
+                            server_args=[*weight_sync_server_args("collective"), "--max-model-len", "512",
+                                         "--seed", "0"])
+    try:
+        collective.start().wait_healthy(900)  # the benchmark's own wait
+        result = subprocess.run([sys.executable, "bench/weight_sync.py", "--sizes", "tiny", "--repeats", "1",
+                                 "--file-server", training_server.url, "--collective-server", collective.url],
+                                capture_output=True, text=True, cwd=REPO, timeout=900)
+    finally:
+        collective.stop()
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     rows = {line[:20].strip(): line[20:].split() for line in result.stdout.splitlines()
             if line.startswith(("file dense", "collective dense", "collective delta", "raw gloo broadcast"))}
