@@ -5,6 +5,11 @@ CPU server on the tiny model, Temporal, the SQLite store.
 The tiny model is random, so it never calls a tool well; the agent re-prompts it after each
 reply without a tool call (`--agent-max-format-errors`), which gives sessions of several turns
 to kill, cancel and interrupt.
+
+One rollout worker process serves the tests on the shared server (`shared_worker`): the agent
+activities take the run from their input, so each test runs its own run id through it, in one
+run directory. A test that kills or stops it may start it again itself; otherwise the next
+test starts it when it finds it gone. A second worker (`twin`) is started for a test alone.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import TimeoutType
-from temporalio.client import WorkflowFailureError
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 
 from examples.coding_agent_rl.gold_edits import write_prompts
 from examples.coding_agent_rl.tasks.prepare import load_tasks
@@ -42,7 +47,7 @@ from vime.envs.coding_agent.workflow import AgentRolloutInput, AgentRolloutOutpu
 pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parent.parent
-TURNS = 16
+TURNS = 8
 HEARTBEAT = 5  # seconds: the session's heartbeat timeout
 HOST_WAIT = 10  # seconds an activity waits on a sandbox host's queue before the host counts as gone
 
@@ -66,6 +71,7 @@ class Worker:
         self.env = {**os.environ, "TMPDIR": str(sandbox_base), "VIME_LOG_LEVEL": "INFO", "VIME_LOG_FORMAT": "json"}
         self.log = tmp_path / "worker.log"
         self.proc: subprocess.Popen | None = None
+        self.started: list[str] = []  # ids of the workflows this test started on the worker
         with SampleStore.open(self.run_dir) as store:
             store.ensure_run(self.run_id)
 
@@ -76,10 +82,29 @@ class Worker:
         other.base = Path(tempfile.mkdtemp(prefix="vime-test-sbx-"))
         other.base.chmod(0o755)
         other.env = {**self.env, "TMPDIR": str(other.base)}
-        other.log, other.proc = self.log.with_name("worker-twin.log"), None
+        other.log, other.proc, other.started = self.log.with_name("worker-twin.log"), None, []
         return other
 
+    def new_run(self) -> Worker:
+        """A fresh run id for the next test on this worker (its store rows, workflow ids and
+        search attributes are that test's alone)."""
+        self.run_id = f"run-{uuid.uuid4().hex[:8]}"
+        with SampleStore.open(self.run_dir) as store:
+            store.ensure_run(self.run_id)
+        return self
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _ready_lines(self) -> int:
+        return self.log.read_text().count("worker rollout ready") if self.log.exists() else 0
+
+    def ready(self) -> bool:
+        """Whether the process last started says it is ready (polling its queues)."""
+        return self._ready_lines() > self.ready_before
+
     def start(self) -> Worker:
+        self.ready_before = self._ready_lines()
         with open(self.log, "a") as log:
             self.proc = subprocess.Popen(self.argv, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         return self
@@ -113,18 +138,47 @@ class Worker:
         return dirs + [f"pid {p}" for p in procs]
 
 
+@pytest.fixture(scope="module")
+def shared_worker(tmp_path_factory, vllm_server, tiny_model_dir, temporal_env):
+    """One worker process for the module's tests on the shared server (a worker's start costs
+    seconds of CPU). Its sandboxes live in a directory of its own (its TMPDIR), as
+    `sandbox_base` gives a test (see tests/conftest.py)."""
+    base = Path(tempfile.mkdtemp(prefix="vime-test-sandboxes-"))
+    base.chmod(0o755)
+    w = Worker(tmp_path_factory.mktemp("shared-worker"), vllm_server, tiny_model_dir,
+               temporal_env.client.service_client.config.target_host, base)
+    try:
+        yield w
+    finally:
+        w.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture
-def worker(tmp_path, vllm_server, tiny_model_dir, temporal_env, sandbox_base):
-    # the worker's sandboxes live in sandbox_base (its TMPDIR; see tests/conftest.py)
-    w = Worker(tmp_path, vllm_server, tiny_model_dir, temporal_env.client.service_client.config.target_host,
-               sandbox_base)
+async def worker(shared_worker, temporal_env):
+    """The shared worker, running, with a fresh run id for this test. A workflow of the test
+    still running afterwards (a failed test) is terminated and the worker stopped, so that its
+    session and sandbox do not run on into the next test (which starts the worker again)."""
+    w = shared_worker.new_run()
+    if not w.running():
+        w.stop()
+        w.start()
     yield w
-    w.stop()
+    running = False
+    for workflow_id in w.started:
+        handle = temporal_env.client.get_workflow_handle(workflow_id)
+        if (await handle.describe()).status == WorkflowExecutionStatus.RUNNING:
+            await handle.terminate("the test is over")
+            running = True
+    w.started = []
+    if running:
+        w.stop()
 
 
 @pytest.fixture
 def twin(worker):
-    """A second worker of `worker`'s run, on "another host" (see `Worker.twin`)."""
+    """A second worker of `worker`'s run, on "another host" (see `Worker.twin`); stopped after
+    the test (on the same queues, it would take work of the tests after it)."""
     w = worker.twin()
     yield w
     w.stop()
@@ -132,9 +186,11 @@ def twin(worker):
 
 
 async def _start(client, worker: Worker, position: int = 0):
-    return await client.start_workflow(
+    handle = await client.start_workflow(
         "CodingAgentRolloutWorkflow", worker.inp(position), id=agent_workflow_id(worker.run_id, position, 0),
         task_queue=worker.queue, result_type=AgentRolloutOutput)
+    worker.started.append(handle.id)
+    return handle
 
 
 async def _wait(predicate, timeout: float, what: str) -> None:
@@ -194,7 +250,6 @@ def _stored_turns(worker: Worker, rollout_id: str) -> int:
 
 async def test_a_rollout_boots_runs_grades_stores_and_leaves_no_sandbox(worker, temporal_env):
     client = temporal_env.client
-    worker.start()
     handle = await _start(client, worker)
     out = await asyncio.wait_for(handle.result(), 240)
 
@@ -223,7 +278,6 @@ async def test_a_rollout_boots_runs_grades_stores_and_leaves_no_sandbox(worker, 
 
 
 async def test_kill_9_mid_session_resumes_after_the_last_stored_turn(worker, temporal_env):
-    worker.start()
     handle = await _start(temporal_env.client, worker)
     rollout_id = "0"
     await _wait(lambda: len(worker.turns(rollout_id)) >= 2, 180, "two stored turns")
@@ -248,8 +302,8 @@ async def test_kill_9_mid_session_resumes_after_the_last_stored_turn(worker, tem
 
 
 async def test_every_activity_after_the_boot_runs_on_the_booting_workers_own_queue(worker, twin, temporal_env):
-    worker.start()
     twin.start()
+    await _wait(twin.ready, 180, "the twin polling the queues")  # either may boot the sandbox
     handle = await _start(temporal_env.client, worker)
     out = await asyncio.wait_for(handle.result(), 240)
     assert out.status == "completed" and out.turns == TURNS
@@ -273,8 +327,8 @@ async def test_every_activity_after_the_boot_runs_on_the_booting_workers_own_que
 
 async def test_kill_9_of_the_booting_worker_mid_session_boots_again_on_the_other_and_finishes(
         worker, twin, temporal_env):
-    worker.start()
     twin.start()
+    await _wait(twin.ready, 180, "the twin polling the queues")  # either may boot the sandbox
     handle = await _start(temporal_env.client, worker)
     await _wait(lambda: len(worker.turns("0")) >= 2, 180, "two stored turns")
     first_host = (await handle.query("progress"))["sandbox_queue"]
@@ -317,7 +371,6 @@ async def test_a_store_locked_past_the_heartbeat_timeout_delays_the_session_with
         worker, temporal_env):
     """Store writes run off the worker's event loop: while one waits for SQLite's write lock the
     session's heartbeats go on, and the session continues when the lock is released."""
-    worker.start()
     handle = await _start(temporal_env.client, worker)
     await _wait(lambda: len(worker.turns("0")) >= 1, 180, "a stored turn")
     hold = 3 * HEARTBEAT
@@ -348,7 +401,6 @@ async def test_a_store_locked_past_the_heartbeat_timeout_delays_the_session_with
 async def test_cancelling_the_workflow_tears_the_sandbox_down(worker, temporal_env, cancel_after_turns):
     """Also when the session finishes its last turn before a heartbeat brings it the cancel: the
     SDK then hands back the session's result, and the rollout must stop all the same."""
-    worker.start()
     handle = await _start(temporal_env.client, worker)
     await _wait(lambda: len(worker.turns("0")) >= cancel_after_turns, 180, f"{cancel_after_turns} stored turns")
     assert worker.leftovers()  # the sandbox is up
@@ -361,7 +413,6 @@ async def test_cancelling_the_workflow_tears_the_sandbox_down(worker, temporal_e
 
 
 async def test_ctrl_c_of_the_worker_leaves_no_sandbox_and_the_rollout_finishes_later(worker, temporal_env):
-    worker.start()
     handle = await _start(temporal_env.client, worker)
     await _wait(lambda: len(worker.turns("0")) >= 1, 180, "a stored turn")
     assert worker.leftovers()
