@@ -32,7 +32,10 @@ LIMITS = dict(cpu_seconds=30, memory_bytes=1 << 30, max_processes=64, wall_timeo
 
 
 def _vime_mounts() -> list[str]:
-    return [line for line in Path("/proc/mounts").read_text().splitlines() if "vime-sbx" in line]
+    """Mounts of sandboxes this process booted (`vime-sbx-<pid>-...`): another test process
+    (the other xdist worker) may have sandboxes of its own mounted at the same moment."""
+    own = f"vime-sbx-{os.getpid()}-"
+    return [line for line in Path("/proc/mounts").read_text().splitlines() if own in line]
 
 
 @pytest.fixture
