@@ -17,6 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from vime.cache import cache_root
 from vime.errors import ConfigError
 
 
@@ -47,7 +48,7 @@ CLASSES_FILE = "tokenizer-classes.json"
 
 
 def _classes_path() -> Path:
-    return Path(os.environ.get("VIME_CACHE") or Path.home() / ".cache" / "vime").expanduser() / CLASSES_FILE
+    return cache_root() / CLASSES_FILE
 
 
 def _checkpoint_key(path: str) -> str | None:

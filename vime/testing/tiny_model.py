@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from vime.cache import cache_root  # noqa: F401 - the examples import it from here too
 from vime.errors import ConfigError
 from vime.log import get_logger
 
@@ -322,10 +323,6 @@ def _finish_tokenizer_config(path: Path) -> None:
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
     cfg["chat_template"] = CHAT_TEMPLATE
     path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False, sort_keys=True) + "\n")
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("VIME_CACHE") or Path.home() / ".cache" / "vime").expanduser()
 
 
 def cache_key(seed: int = 0, vocab_size: int = DEFAULT_VOCAB_SIZE) -> str:
