@@ -16,15 +16,14 @@ from typing import ParamSpec, TypeVar
 from temporalio.exceptions import ApplicationError
 
 from vime.errors import ServiceError, VimeError
-
-CONFIG_ERROR = "ConfigError"
+from vime.temporal.error_types import final_error
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 
 def as_final(exc: VimeError) -> ApplicationError:
-    return ApplicationError(str(exc), type=CONFIG_ERROR, non_retryable=True)
+    return final_error(str(exc))
 
 
 def final_config_errors(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:

@@ -19,6 +19,7 @@ from temporalio.client import Client
 
 from vime.log import get_logger
 from vime.rollout.hook_calls import slow_calls, waiting_line
+from vime.temporal.training_contract import NOTICE_SIGNAL
 
 log = get_logger(__name__)
 
@@ -53,6 +54,6 @@ async def _watch(client: Client) -> None:
 
 async def _send(client: Client, run_id: str, line: str) -> None:
     try:
-        await client.get_workflow_handle(f"train-{run_id}").signal("notice", line)
+        await client.get_workflow_handle(f"train-{run_id}").signal(NOTICE_SIGNAL, line)
     except Exception as e:  # noqa: BLE001 - a notice is best effort (no training workflow: eval, a bench)
         log.info("hook.notice_not_sent", run=run_id, error=str(e)[:200])

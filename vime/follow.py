@@ -32,7 +32,7 @@ from vime.errors import ConfigError
 from vime.log import get_logger
 from vime.recovery import recover_from_worker_death
 from vime.supervisor import Supervisor
-from workflows.training import TrainingState, TrainingWorkflow, failure_message
+from vime.temporal.training_contract import PROGRESS_QUERY, TRAINER_LOST_SIGNAL, TrainingState, failure_message
 
 log = get_logger(__name__)
 
@@ -136,7 +136,7 @@ class Follower:
                 await recover_from_worker_death(self.client, self.run_id, death.identity,
                                                 f"worker {death.identity} died ({death.cause})")
                 if death.name == "trainer":  # also what was only scheduled on its queue
-                    await self.handle.signal(TrainingWorkflow.trainer_lost)
+                    await self.handle.signal(TRAINER_LOST_SIGNAL)
             except Exception as e:  # noqa: BLE001 - best effort: heartbeat timeouts still recover
                 log.warning("follow.recovery_failed", error=str(e)[:300])
 
@@ -162,7 +162,7 @@ class Follower:
 
     async def _query(self) -> dict | None:
         try:
-            return await self.handle.query(TrainingWorkflow.progress,
+            return await self.handle.query(PROGRESS_QUERY,
                                            rpc_timeout=timedelta(seconds=QUERY_TIMEOUT_S))
         except Exception:  # noqa: BLE001 - a query fails while a worker or Temporal restarts: ask again
             return None

@@ -54,7 +54,8 @@ from vime.recovery import recover_from_earlier_launch
 from vime.supervisor import LAUNCH_ID, Supervisor, WorkerProcess
 from vime.temporal.client import temporal_service
 from vime.train.checkpoint import latest_checkpoint, read_state
-from workflows.training import TrainingConfig, TrainingInput, TrainingState, TrainingWorkflow, failure_message
+from vime.temporal.training_contract import (TRAINER_LOST_SIGNAL, TRAINING_WORKFLOW, TrainingConfig, TrainingInput,
+                                             TrainingState, failure_message)
 
 log = get_logger(__name__)
 
@@ -178,7 +179,7 @@ async def start_or_attach(client, args) -> tuple[WorkflowHandle, int | None]:
               f"again from {'step ' + str(state.step) if state.step else 'the beginning'}: steps it recorded "
               "are trained on their stored rollouts, not sampled again", flush=True)
     handle = await client.start_workflow(
-        TrainingWorkflow.run, TrainingInput(training_config(args), state),
+        TRAINING_WORKFLOW, TrainingInput(training_config(args), state),
         id=workflow_id, task_queue=args.rollout_task_queue, result_type=TrainingState,
         id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY)
@@ -247,7 +248,7 @@ class Launch:
                     if start_step is None:  # an earlier launch's workers died with it: their work goes on now
                         await recover_from_earlier_launch(svc.client, args.run_id, LAUNCH_ID,
                                                           "the worker's launcher was stopped or died")
-                        await handle.signal(TrainingWorkflow.trainer_lost)
+                        await handle.signal(TRAINER_LOST_SIGNAL)
                     self.t0 = time.monotonic()
                     self.follower = Follower(svc.client, handle, args.run_id, supervisor, [svc, fleet],
                                              start_step=start_step, started_at=self.started_at)

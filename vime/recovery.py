@@ -31,7 +31,7 @@ from temporalio.client import Client
 from temporalio.exceptions import ApplicationError
 
 from vime.log import get_logger
-from workflows.trainer_calls import WORKER_LOST  # the type the training workflow reads as "trainer lost"
+from vime.temporal.training_contract import WORKER_LOST  # the type the training workflow reads as "trainer lost"
 
 log = get_logger(__name__)
 

@@ -16,7 +16,7 @@ import sys
 
 from temporalio.converter import default as default_converter
 
-from workflows.training import TrainingInput
+from vime.temporal.training_contract import TrainingInput
 
 
 def workflow_input(args) -> TrainingInput:

@@ -14,6 +14,9 @@ from datetime import timedelta
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 
+with workflow.unsafe.imports_passed_through():
+    from vime.temporal.error_types import CONFIG_ERROR
+
 RESCORE_PAGE = "rescore_page"
 RESCORE_TASK_QUEUE = "vime-rescore"
 PAGE_HEARTBEAT_SECONDS = 60
@@ -64,7 +67,7 @@ class RescoreWorkflow:
                                           inp.page_size),
                 result_type=RescorePageResult, start_to_close_timeout=timedelta(minutes=30),
                 heartbeat_timeout=timedelta(seconds=PAGE_HEARTBEAT_SECONDS),
-                retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=["ConfigError"]))
+                retry_policy=RetryPolicy(maximum_attempts=5, non_retryable_error_types=[CONFIG_ERROR]))
             inp.samples, inp.written, inp.after_id = inp.samples + page.samples, inp.written + page.written, page.last_id
             if page.samples < inp.page_size:
                 return RescoreOutput(inp.samples, inp.written)

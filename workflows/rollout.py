@@ -31,10 +31,11 @@ from temporalio.common import RetryPolicy, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
+    from vime.temporal.error_types import CONFIG_ERROR
+    from vime.temporal.group_output import RolloutOutput  # the group contract, below workflows/ (re-exported)
     from vime.temporal.search_attributes import POLICY_VERSION, REWARD, ROLLOUT_ID, ROLLOUT_STATUS, RUN_ID
 
 GENERATE_GROUP = "generate_group"
-CONFIG_ERROR = "ConfigError"
 RETRY_MAX_INTERVAL = timedelta(seconds=10)
 
 
@@ -57,28 +58,6 @@ class RolloutInput:
     # For environments whose group workflow fans out (vime.envs): the run's settings it needs.
     n_samples_per_prompt: int = 1
     sandbox_task_queue: str = "vime-sandbox"
-
-
-@dataclass
-class RolloutOutput:
-    """A finished group as the training workflow sees it: its rollout ids and a summary."""
-
-    position: int
-    rollout_ids: list[str] = field(default_factory=list)
-    keep: bool = True  # the dynamic-sampling filter's verdict for the group
-    filter_reason: str | None = None
-    reward_mean: float | None = None
-    status: str = "completed"
-    samples: int = 0
-    errors: int = 0  # samples that failed with an error of the model, the data or a hook (not infra)
-    infra: int = 0  # samples that failed for infrastructure reasons (agent rollouts only: kept, not trained)
-    first_error: str | None = None
-    failed: int = 0  # of `errors`, the samples a hook failed (raised, timed out): the group is not kept
-    earlier: bool = False  # answered from the store: generated (and its failures counted) before
-    # What the Web UI shows of the group (its workflow's memo): each sample's reward, status and
-    # the start of its prompt and response. The group's workflow takes it off before returning,
-    # so the training workflow's history never carries text.
-    preview: list[dict] | None = None
 
 
 MEMO_PREVIEW_PATCH = "memo-preview"  # groups recorded before the memo replay without it

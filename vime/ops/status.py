@@ -16,6 +16,7 @@ from vime.ops.locate import open_existing, run_dir_of, store_for
 from vime.ops.queries import run_summaries
 from vime.rundir import read_launch_info
 from vime.temporal.client import connect
+from vime.temporal.training_contract import PROGRESS_QUERY
 
 QUERY_TIMEOUT_S = 10
 
@@ -27,7 +28,7 @@ async def live_progress(address: str, namespace: str, run_id: str) -> dict:
     if described.status.name != "RUNNING":
         return {"workflow": described.status.name.lower()}
     try:  # answered by a worker of the run: none when no launch (or worker pool) is up
-        progress = await handle.query("progress", rpc_timeout=timedelta(seconds=QUERY_TIMEOUT_S))
+        progress = await handle.query(PROGRESS_QUERY, rpc_timeout=timedelta(seconds=QUERY_TIMEOUT_S))
     except RPCError as e:
         return {"workflow": "running", "live_error": f"no worker answered its query ({e.message})"}
     return {"workflow": "running", **progress}

@@ -43,7 +43,7 @@ with workflow.unsafe.imports_passed_through():
     from vime.types import RolloutRef
     from workflows.rollout import RolloutInput as GroupInput
     from workflows.rollout import RolloutOutput as GroupOutput
-    from workflows.training import root_message
+    from vime.temporal.training_contract import root_message
 
 AGENT_TASK = "agent_task"
 AGENT_SESSION = "agent_session"
