@@ -30,7 +30,8 @@ from vime.engine.weight_sync import WeightSync, verify_sync
 from vime.errors import ServiceError
 from vime.log import get_logger
 from vime.train.group import NotAttached, TrainerGroup
-from workflows.trainer_calls import (TRAINER_BUSY, WORKER_LOST, AttachInput, PickInput, SaveInput, SyncInput,
+from workflows.trainer_calls import (ATTACH_TRAINER, PICK_TRAINER, RELEASE_TRAINER, SAVE_CHECKPOINT, SYNC_WEIGHTS,
+                                     TRAIN_STEP, TRAINER_BUSY, WORKER_LOST, AttachInput, PickInput, SaveInput, SyncInput,
                                      TrainerInfo, TrainInput)
 
 log = get_logger(__name__)
@@ -93,32 +94,32 @@ class TrainerActivities:
                 category=ApplicationErrorCategory.BENIGN)  # expected: not a warning with a traceback per retry
         self._lease = (run_id, now + LEASE_S)
 
-    @activity.defn(name="pick_trainer")
+    @activity.defn(name=PICK_TRAINER)
     async def pick_trainer(self, inp: PickInput | None = None) -> TrainerInfo:
         if inp is not None:  # a workflow recorded before leases picks without saying who it is
             self._hold(inp.run_id)
         step = self.group.trainer.step if self.group.trainer is not None else 0
         return TrainerInfo(self.queue, step, f"{socket.gethostname()}:{self.queue}")
 
-    @activity.defn(name="release_trainer")
+    @activity.defn(name=RELEASE_TRAINER)
     async def release_trainer(self, run_id: str) -> None:
         """The run ended: the trainer is free for the next one."""
         if self._lease and self._lease[0] == run_id:
             self._lease = None
 
-    @activity.defn(name="attach_trainer")
+    @activity.defn(name=ATTACH_TRAINER)
     @final_config_errors
     async def attach_trainer(self, inp: AttachInput) -> int:
         self._hold(inp.run_id)
         return await self._run("attach", inp.run_id, inp.step, inp.checkpoint)
 
-    @activity.defn(name="train_step")
+    @activity.defn(name=TRAIN_STEP)
     @final_config_errors
     async def train_step(self, inp: TrainInput) -> dict:
         self._hold(inp.run_id)
         return await self._run("train_step", inp.run_id, inp.step)
 
-    @activity.defn(name="sync_weights")
+    @activity.defn(name=SYNC_WEIGHTS)
     async def sync_weights(self, inp: SyncInput) -> dict:
         """Push the trainer's weights to every server, then check each with a probe.
 
@@ -162,7 +163,7 @@ class TrainerActivities:
                                        f"{SYNC_WAIT_S / 60:.0f} minutes; start it (or check its log)")
                 log.warning("sync.waiting_for_server", url=url)
 
-    @activity.defn(name="save_checkpoint")
+    @activity.defn(name=SAVE_CHECKPOINT)
     async def save_checkpoint(self, inp: SaveInput) -> str:
         state = {"run_id": inp.run_id, "step": inp.step, "weight_version": inp.weight_version,
                  "data_position": inp.data_position}

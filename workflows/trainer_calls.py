@@ -4,8 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-WORKER_LOST = "WorkerLost"  # an activity the launcher failed because it saw its worker die
+from vime.temporal.error_types import WORKER_LOST  # noqa: F401 - activities/train.py raises it by this name
+
 TRAINER_BUSY = "TrainerBusy"  # pick_trainer: leased to another run (retried until it is free)
+
+# The trainer activities (activities/train.py registers them under these names).
+PICK_TRAINER = "pick_trainer"
+ATTACH_TRAINER = "attach_trainer"
+TRAIN_STEP = "train_step"
+SYNC_WEIGHTS = "sync_weights"
+SAVE_CHECKPOINT = "save_checkpoint"
+RELEASE_TRAINER = "release_trainer"
 
 
 @dataclass
