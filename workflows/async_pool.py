@@ -6,9 +6,10 @@ Runs inside the TrainingWorkflow (deterministic: asyncio tasks in a workflow are
 its history). Each group is a child RolloutWorkflow as in the synchronous mode, so a crash of a
 worker, an engine or the launcher loses no group in flight: the child goes on, or is retried.
 
-Staleness. A group's staleness is the number of weight versions between the policy it started
-under (its oldest token's) and the policy it is trained on. It is bounded by *pacing* (the
-default, `--staleness-control pace`): a group starts only while the groups in flight, finished
+Staleness (the rules: `workflows.staleness`, pure and tested without Temporal). A group's
+staleness is the number of weight versions between the policy it started under (its oldest
+token's) and the policy it is trained on. It is bounded by *pacing* (the default,
+`--staleness-control pace`): a group starts only while the groups in flight, finished
 and waiting, or taken by the step being trained number fewer than `(max_staleness + 1) x
 rollout_batch_size`. With `max_staleness=0` that is the synchronous schedule; with 1, the next
 step's groups sample while the trainer trains. Finished work is not thrown away to meet the
@@ -25,24 +26,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.rollout import RolloutOutput
-
-PACE = "pace"
-DISCARD = "discard"
-
-
-@dataclass
-class PooledGroup:
-    """A finished group waiting for a step; small, so continue-as-new hands the queue over."""
-
-    position: int
-    weight_version: int  # the policy version the group started under
-    out: RolloutOutput = field(default_factory=lambda: RolloutOutput(0))
+    from vime.temporal.group_output import RolloutOutput
+    from vime.temporal.training_contract import PooledGroup
+    from workflows.staleness import PACE, StalenessPolicy
 
 
 @dataclass
@@ -52,6 +43,10 @@ class PoolConfig:
     max_staleness: int
     control: str = PACE  # or DISCARD
     max_filtered: int = 1024  # groups filtered in a row before the run stops: the filter keeps nothing
+
+    @property
+    def policy(self) -> StalenessPolicy:
+        return StalenessPolicy(self.max_staleness, self.batch_size, self.control)
 
 
 @dataclass
@@ -77,6 +72,7 @@ class RolloutPool:
                  claim: Callable[[], int], steps_left: Callable[[], int], version: Callable[[], int],
                  queued: list[PooledGroup] | None = None) -> None:
         self.cfg = cfg
+        self.policy = cfg.policy
         self._start, self._claim, self._steps_left, self._version = start, claim, steps_left, version
         self.ready: list[PooledGroup] = list(queued or [])
         self.in_flight: dict[int, asyncio.Task] = {}
@@ -100,7 +96,7 @@ class RolloutPool:
             need = self._steps_left() * cfg.batch_size - len(self.in_flight) - len(self.ready)
             if need <= 0:
                 return
-            if cfg.control == PACE and self.live() >= (cfg.max_staleness + 1) * cfg.batch_size:
+            if not self.policy.may_start(self.live()):
                 return
             position, version = self._claim(), self._version()
             self.started_under[position] = version
@@ -132,12 +128,11 @@ class RolloutPool:
         they would hold back the groups that replace them). Called when a group finishes and
         when the version moves, the only two events that make a group stale, so `ready` holds
         only admissible groups (and the conditions waited on stay free of side effects)."""
-        bound = self._version() - self.cfg.max_staleness
-        kept = [g for g in self.ready if g.weight_version >= bound]
-        self.dropped += len(self.ready) - len(kept)
-        self.ready = kept
-        for position, version in list(self.started_under.items()):
-            if version < bound:
+        version = self._version()
+        self.ready, dropped = self.policy.split(self.ready, version)
+        self.dropped += len(dropped)
+        for position, started_under in list(self.started_under.items()):
+            if not self.policy.admissible(started_under, version):
                 self.dropped += 1
                 self.cancelled.add(position)
                 self.started_under.pop(position)
@@ -157,7 +152,8 @@ class RolloutPool:
         groups, self.ready = self.ready[:size], self.ready[size:]
         self.taken = len(groups)
         dropped, self.dropped = self.dropped, 0
-        return TakenStep(groups, [self._version() - g.weight_version for g in groups], dropped)
+        version = self._version()
+        return TakenStep(groups, [self.policy.staleness(g.weight_version, version) for g in groups], dropped)
 
     def synced(self) -> None:
         """The step's weights are on the servers: its groups leave the staleness budget."""
