@@ -44,10 +44,6 @@ class PoolConfig:
     control: str = PACE  # or DISCARD
     max_filtered: int = 1024  # groups filtered in a row before the run stops: the filter keeps nothing
 
-    @property
-    def policy(self) -> StalenessPolicy:
-        return StalenessPolicy(self.max_staleness, self.batch_size, self.control)
-
 
 @dataclass
 class TakenStep:
@@ -72,7 +68,7 @@ class RolloutPool:
                  claim: Callable[[], int], steps_left: Callable[[], int], version: Callable[[], int],
                  queued: list[PooledGroup] | None = None) -> None:
         self.cfg = cfg
-        self.policy = cfg.policy
+        self.policy = StalenessPolicy(cfg.max_staleness, cfg.batch_size, cfg.control)
         self._start, self._claim, self._steps_left, self._version = start, claim, steps_left, version
         self.ready: list[PooledGroup] = list(queued or [])
         self.in_flight: dict[int, asyncio.Task] = {}
