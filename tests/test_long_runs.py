@@ -12,10 +12,9 @@ import json
 
 import pytest
 from temporalio.api.enums.v1 import EventType
-from temporalio.client import Client
-
 from tests.conftest import engine_flags
 from tests.runs import TrainRun
+from vime.temporal.client import connect
 from vime.temporal.dev_server import TemporalDevServer
 
 pytestmark = pytest.mark.vllm
@@ -26,7 +25,7 @@ async def histories(run: TrainRun) -> list:
     server = TemporalDevServer(run.run_dir, headless=True)
     server.start()
     try:
-        client = await Client.connect(server.address)
+        client = await connect(server.address, timeout=60)  # waits out "Frontend is not healthy yet"
         executions = [e async for e in client.list_workflows(f"WorkflowId = 'train-{run.run_id}'")]
         found = []
         for e in sorted(executions, key=lambda e: e.start_time):
