@@ -55,6 +55,13 @@ with workflow.unsafe.imports_passed_through():
     from vime.temporal.training_contract import (NOTICE_SIGNAL, PROGRESS_QUERY, TRAINER_LOST_SIGNAL,
                                                  TRAINING_WORKFLOW, TrainingConfig, TrainingInput, TrainingState)
     from workflows.step_collection import StepCollection
+    # Temporal decodes an activity's result by its dataclass's type hints, evaluated in the
+    # dataclass's module as this workflow's sandbox sees it; a module only imported by the
+    # passed-through helpers is not there (`RolloutStepOutput.groups: list[RolloutOutput]` failed
+    # to decode, and a --rollout-function-path run hung). So every module whose dataclasses this
+    # workflow receives is imported here.
+    import workflows.rollout  # noqa: F401
+    import workflows.trainer_calls  # noqa: F401
     from workflows.steps import RECORD_METRICS, REGISTER_RUN, RunRegistration, StepMetrics
     from workflows.trainer_session import TrainerSession
 
