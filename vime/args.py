@@ -411,22 +411,24 @@ def build_parser(*, vllm: bool = False, router: bool = False, env: Environment |
     taken = set(parser._option_string_actions)
     if vllm:
         try:
-            actions, _ = forward.vllm_actions()
+            table = forward.vllm_option_table()
+            options = table.options()
         except ImportError as exc:
             raise ConfigError(
                 f"--vllm-* server flags need vLLM, which cannot be imported here ({exc}); "
                 "install it with `pip install 'vime[cpu]'` (CPU hosts) or `pip install 'vime[gpu]'`"
             ) from exc
-        forward.add_forwarded(groups["vLLM"], actions, "vllm-", "vllm_server_args", taken, forward.RESERVED_VLLM)
+        forward.add_forwarded(groups["vLLM"], options, table.checker, "vllm-", "vllm_server_args", taken,
+                              forward.RESERVED_VLLM)
     if router:
         try:
-            actions = forward.router_actions()
+            options, checker = forward.router_options()
         except ImportError as exc:
             raise ConfigError(
                 f"--router-* flags need vllm-router, which cannot be imported here ({exc}); "
                 "install it with `pip install 'vime[cpu]'` or `pip install 'vime[gpu]'`"
             ) from exc
-        forward.add_forwarded(groups["router"], actions, "router-", "router_args", taken, {})
+        forward.add_forwarded(groups["router"], options, checker, "router-", "router_args", taken, {})
     return parser
 
 
