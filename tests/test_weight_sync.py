@@ -390,7 +390,7 @@ async def test_a_failed_update_names_server_and_route_and_leaves_the_server_paus
     await push(sync, trainer, "before failure")
     before = reference_logprobs(trainer, probe)
     perturb(trainer, seed=10)
-    monkeypatch.setattr(weight_sync, "write_weights_file", lambda tensors, path, version=None: 0)
+    monkeypatch.setattr("vime.engine.weight_sync.sync.write_weights_file", lambda tensors, path, version=None: 0)
     failure = rf"{ws_server.url} POST /update_weights: HTTP 500: .*No such file.*restart it"
     with pytest.raises(ServiceError, match=failure):
         await sync.sync(trainer.state_dict())
