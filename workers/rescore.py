@@ -14,31 +14,21 @@ from activities.rescore import RescoreActivities
 from vime.store import SampleStore
 from vime.temporal.build_id import code_build_id
 from vime.temporal.rescore import RESCORE_TASK_QUEUE
-from workers.common import connect_from_args, run_until_signalled, run_worker, setup_logging
+from workers.common import command_worker_main, connect_from_args, run_until_signalled
 from workflows.rescore import RescoreWorkflow
-
-
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m workers.rescore", description=__doc__.splitlines()[0])
-    parser.add_argument("--temporal-address", required=True)
-    parser.add_argument("--temporal-namespace", default="default")
-    parser.add_argument("--store", required=True, help="the run's directory (its SQLite store) or a store URL")
-    return parser.parse_args(argv)
 
 
 async def serve(args: argparse.Namespace) -> None:
     client = await connect_from_args(args, kind="rescore")
     with SampleStore.open(args.store, lock_wait_s=30) as store:
-        acts = RescoreActivities(store)
-        worker = Worker(client, task_queue=RESCORE_TASK_QUEUE, workflows=[RescoreWorkflow],
-                        activities=[acts.rescore_page], build_id=code_build_id())
-        await run_until_signalled([worker])
+        await run_until_signalled([Worker(client, task_queue=RESCORE_TASK_QUEUE, workflows=[RescoreWorkflow],
+                                          activities=[RescoreActivities(store).rescore_page],
+                                          build_id=code_build_id())])
 
 
 def main(argv: list[str] | None = None) -> int:
-    setup_logging()
-    args = parse(argv)
-    return run_worker(lambda: serve(args))
+    return command_worker_main(argv, "python -m workers.rescore", __doc__.splitlines()[0], serve, lambda parser:
+                               parser.add_argument("--store", required=True, help="a run directory or a store URL"))
 
 
 if __name__ == "__main__":

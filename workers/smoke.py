@@ -11,29 +11,19 @@ from temporalio.worker import Worker
 
 from activities.smoke import smoke_generate
 from vime.temporal.build_id import code_build_id
-from workers.common import connect_from_args, run_until_signalled, run_worker, setup_logging
+from workers.common import command_worker_main, connect_from_args, run_until_signalled
 from workflows.smoke import SmokeWorkflow
-
-
-def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m workers.smoke", description=__doc__.splitlines()[0])
-    parser.add_argument("--temporal-address", required=True)
-    parser.add_argument("--temporal-namespace", default="default")
-    parser.add_argument("--task-queue", required=True)
-    return parser.parse_args(argv)
 
 
 async def serve(args: argparse.Namespace) -> None:
     client = await connect_from_args(args, kind="smoke")
-    worker = Worker(client, task_queue=args.task_queue, workflows=[SmokeWorkflow], activities=[smoke_generate],
-                    build_id=code_build_id())
-    await run_until_signalled([worker])
+    await run_until_signalled([Worker(client, task_queue=args.task_queue, workflows=[SmokeWorkflow],
+                                      activities=[smoke_generate], build_id=code_build_id())])
 
 
 def main(argv: list[str] | None = None) -> int:
-    setup_logging()
-    args = parse(argv)
-    return run_worker(lambda: serve(args))
+    return command_worker_main(argv, "python -m workers.smoke", __doc__.splitlines()[0], serve,
+                               lambda parser: parser.add_argument("--task-queue", required=True))
 
 
 if __name__ == "__main__":
