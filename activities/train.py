@@ -24,9 +24,10 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.errors import final_config_errors
 from activities.heartbeat import heartbeating
-from vime.engine import live_weights
+from vime.engine.weight_sync import live_weights
 from vime.engine.health import wait_until_healthy
-from vime.engine.weight_sync import WeightSync, verify_sync
+from vime.engine.weight_sync.sync import WeightSync
+from vime.engine.weight_sync.verify import verify_sync
 from vime.errors import ServiceError
 from vime.log import get_logger
 from vime.train.group import NotAttached, TrainerGroup
