@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("vime.types", "vime.errors", "vime.log", "vime.cache"),
     # plumbing every layer may use: hooks by dotted path, child processes, the run directory,
     # --vllm-*/--router-* forwarding (the engine's topology reads it), metrics and sample lines
-    ("vime.plugins", "vime.procguard", "vime.procs", "vime.rundir", "vime.args_forward",
+    ("vime.plugins", "vime.procguard", "vime.procs", "vime.rundir", "vime.args_forward", "vime.vllm_options",
      "vime.metrics_log", "vime.sample_summary"),
     ("vime.store",),
     ("vime.engine", "vime.router"),
@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
     # launcher: `vime train` and `vime smoke` (DESIGN's target `vime/launcher/`)
     ("vime.supervisor", "vime.recovery", "vime.follow", "vime.launch", "vime.smoke"),
     ("vime.ops",),
-    ("vime.cli", "vime"),
+    ("vime.cli", "vime"),  # "vime" is the package's __init__ only: a new module must be placed
     # above the library
     ("workflows",),
     ("activities",),
@@ -117,7 +117,8 @@ def layer_of(module: str) -> int:
     best, level = -1, None
     for i, prefixes in enumerate(LAYERS):
         for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best:
+            covers = module == prefix or (module.startswith(prefix + ".") and prefix != "vime")
+            if covers and len(prefix) > best:
                 best, level = len(prefix), i
     assert level is not None, f"{module} is in no layer: add it to LAYERS in {__file__}"
     return level
