@@ -8,7 +8,6 @@ its one line (a `RewardError`), as it stops a run.
 
 from __future__ import annotations
 
-import argparse
 from itertools import groupby
 
 from temporalio import activity
@@ -19,6 +18,7 @@ from activities.store_calls import store_call
 from vime.errors import ConfigError
 from vime.ops.rescore import stored_run_config
 from vime.rollout.rewards import group_rewards
+from vime.run_args import args_from_stored
 from vime.store import SampleStore
 from vime.temporal.rescore import RESCORE_PAGE, RescorePage, RescorePageResult
 
@@ -42,8 +42,7 @@ class RescoreActivities:
         rows = await store_call(self.store.read_sample_page, inp.run_id, inp.after_id, inp.limit)
         if not rows:
             return RescorePageResult(inp.after_id, 0, 0)
-        args = argparse.Namespace(**{**await self._run_config(inp.run_id), "custom_rm_path": inp.custom_rm_path,
-                                     "group_rm": inp.group_rm})
+        args = args_from_stored(await self._run_config(inp.run_id), custom_rm_path=inp.custom_rm_path, group_rm=inp.group_rm)
         rewards: dict[str, float | dict] = {}
         async with heartbeating():  # a killed rescore's page is retried after the heartbeat timeout
             for _, group in groupby(rows, key=lambda row: row[2].group_index):

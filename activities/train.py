@@ -132,9 +132,9 @@ class TrainerActivities:
         weights, probe, expected = await self._run("state_dict_and_probe")
         if self._sync is None or self._sync.urls != urls:
             args = self.group.args
-            self._sync = WeightSync(urls, engine=getattr(args, "weight_sync_engine", "file"),
-                                    update_mode=getattr(args, "update_weight_mode", "full"),
-                                    bucket_bytes=getattr(args, "update_weight_buffer_size", 64 << 20))
+            self._sync = WeightSync(urls, engine=args.weight_sync_engine,
+                                    update_mode=args.update_weight_mode,
+                                    bucket_bytes=args.update_weight_buffer_size)
         publish = functools.partial(live_weights.publish, run_dir=self.group.args.run_dir,
                                     base_checkpoint=self.group.args.hf_checkpoint)
         deadline = time.monotonic() + SYNC_WAIT_S

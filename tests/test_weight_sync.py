@@ -11,7 +11,6 @@ tied LM head. Each sync prints its pause and total.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import copy
 import importlib.metadata
@@ -25,6 +24,7 @@ import pytest
 import pytest_asyncio
 import torch
 
+from vime.args import VimeArgs
 from vime.engine.client import EngineClient
 from vime.engine.weight_sync import staging
 from vime.engine.weight_sync.staging import SyncReport
@@ -297,8 +297,8 @@ async def test_a_rollout_spanning_a_sync_is_stored_whole_with_two_spans_and_tis_
     stored rollout logprobs against the trainer's (new) policy.
 
     The push is timed as in the in-flight test above (`SyncTiming`), up to `TRIES` tries."""
-    args = argparse.Namespace(vllm_router_ip=ws_server.host, vllm_router_port=ws_server.port,
-                              hf_checkpoint=str(tiny_model_dir))
+    args = VimeArgs(vllm_router_ip=ws_server.host, vllm_router_port=ws_server.port,
+                    hf_checkpoint=str(tiny_model_dir))
     prompt, max_tokens, band, clip = probe[:16], 1000, (0.98, 1.02), 1.01
     async with EngineClient(ws_server.url) as client:  # the engine's warm-up would widen the window
         await client.generate(prompt, {"max_tokens": 4})
