@@ -30,7 +30,7 @@ from vime.engine.weight_sync.sync import WeightSync
 from vime.engine.weight_sync.verify import verify_sync
 from vime.errors import ServiceError
 from vime.log import get_logger
-from vime.train.group import NotAttached, TrainerGroup
+from vime.train.trainer_group import NotAttached, TrainerGroup
 from workflows.trainer_calls import (TRAINER_BUSY, WORKER_LOST, AttachInput, PickInput, SaveInput, SyncInput,
                                      TrainerInfo, TrainInput)
 

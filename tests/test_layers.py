@@ -64,7 +64,7 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("vime.envs.coding_agent.sandbox_activities", "activities.store_calls"),
     # removed when issue 22's D part lands (one typed RunConfig): the trainer group re-parses a
     # run's flags through vime.run_args, which pulls in the flag parser and the environments
-    ("vime.train.group", "vime.run_args"),
+    ("vime.train.trainer_group", "vime.run_args"),
 }
 
 

@@ -17,7 +17,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from vime.errors import ConfigError
 from vime.store import queries as q
-from vime.store.engine import (
+from vime.store.database import (
     DEFAULT_BUSY_TIMEOUT_S,
     DEFAULT_LOCK_WAIT_S,
     make_engine,
