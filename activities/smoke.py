@@ -7,10 +7,10 @@ import asyncio
 from temporalio import activity
 
 from vime.engine.client import EngineClient
-from workflows.smoke import SmokeCompletion, SmokeInput, SmokeResult
+from vime.temporal.smoke import SMOKE_GENERATE, SmokeCompletion, SmokeInput, SmokeResult
 
 
-@activity.defn(name="smoke_generate")
+@activity.defn(name=SMOKE_GENERATE)
 async def smoke_generate(inp: SmokeInput) -> SmokeResult:
     from transformers import AutoTokenizer
 

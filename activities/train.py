@@ -24,12 +24,13 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from activities.errors import final_config_errors
 from activities.heartbeat import heartbeating
-from vime.engine import live_weights
+from vime.engine.weight_sync import live_weights
 from vime.engine.health import wait_until_healthy
-from vime.engine.weight_sync import WeightSync, verify_sync
+from vime.engine.weight_sync.sync import WeightSync
+from vime.engine.weight_sync.verify import verify_sync
 from vime.errors import ServiceError
 from vime.log import get_logger
-from vime.train.group import NotAttached, TrainerGroup
+from vime.train.trainer_group import NotAttached, TrainerGroup
 from workflows.trainer_calls import (ATTACH_TRAINER, PICK_TRAINER, RELEASE_TRAINER, SAVE_CHECKPOINT, SYNC_WEIGHTS,
                                      TRAIN_STEP, TRAINER_BUSY, WORKER_LOST, AttachInput, PickInput, SaveInput, SyncInput,
                                      TrainerInfo, TrainInput)
@@ -132,9 +133,9 @@ class TrainerActivities:
         weights, probe, expected = await self._run("state_dict_and_probe")
         if self._sync is None or self._sync.urls != urls:
             args = self.group.args
-            self._sync = WeightSync(urls, engine=getattr(args, "weight_sync_engine", "file"),
-                                    update_mode=getattr(args, "update_weight_mode", "full"),
-                                    bucket_bytes=getattr(args, "update_weight_buffer_size", 64 << 20))
+            self._sync = WeightSync(urls, engine=args.weight_sync_engine,
+                                    update_mode=args.update_weight_mode,
+                                    bucket_bytes=args.update_weight_buffer_size)
         publish = functools.partial(live_weights.publish, run_dir=self.group.args.run_dir,
                                     base_checkpoint=self.group.args.hf_checkpoint)
         deadline = time.monotonic() + SYNC_WAIT_S

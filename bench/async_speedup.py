@@ -94,7 +94,7 @@ def main() -> int:
     (out / "heavy_tail.py").write_text(HOOK.format(scale=opts.scale, sigma=opts.sigma))
 
     from vime.engine.server import VLLMServer
-    from vime.engine.weight_sync import weight_sync_server_args
+    from vime.engine.weight_sync.protocol import weight_sync_server_args
     from vime.testing.tiny_model import tiny_model_dir
 
     model = tiny_model_dir()

@@ -42,10 +42,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from vime.engine.collective_sync import Rendezvous, SyncGroup, broadcast, join_group, open_store  # noqa: E402
+from vime.engine.weight_sync.collective import Rendezvous, SyncGroup, broadcast, join_group, open_store  # noqa: E402
 from vime.engine.server import VLLMServer  # noqa: E402
-from vime.engine.weight_sync import (  # noqa: E402
-    SyncReport, WeightSync, reference_logprobs, verify_sync, weight_sync_server_args)
+from vime.engine.weight_sync.protocol import weight_sync_server_args  # noqa: E402
+from vime.engine.weight_sync.staging import SyncReport  # noqa: E402
+from vime.engine.weight_sync.sync import WeightSync  # noqa: E402
+from vime.engine.weight_sync.verify import reference_logprobs, verify_sync  # noqa: E402
 from vime.testing.tiny_model import tiny_model_dir  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

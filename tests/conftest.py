@@ -144,7 +144,7 @@ def training_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
     2048 tokens: the coding agent's prompts and turns fit.
     """
     from vime.engine.server import VLLMServer
-    from vime.engine.weight_sync import weight_sync_server_args
+    from vime.engine.weight_sync.protocol import weight_sync_server_args
 
     server = VLLMServer(
         tiny_model_dir,

@@ -33,7 +33,7 @@ from examples.coding_agent_rl.tasks.prepare import load_tasks
 from tests.conftest import engine_flags
 from tests.runs import TrainRun
 from vime.engine.server import VLLMServer
-from vime.engine.weight_sync import weight_sync_server_args
+from vime.engine.weight_sync.protocol import weight_sync_server_args
 from vime.temporal.dev_server import TemporalDevServer
 from vime.testing.tiny_model import tiny_model_dir
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from vime.procs import leftover_processes
 from vime.rollout.policy_check import sampled_versions
-from vime.train.group import trainable
+from vime.train.trainer_group import trainable
 from vime.store import SampleStore
 
 REPO = Path(__file__).resolve().parent.parent

@@ -109,7 +109,7 @@ def test_the_weight_sync_benchmark_compares_the_engines_on_the_tiny_model(traini
     starts its own with; each is synced a few times. The syncs leave the tiny model's weights
     rounded to bf16 in the training server: every run on it syncs its own weights on attach."""
     from vime.engine.server import VLLMServer
-    from vime.engine.weight_sync import weight_sync_server_args
+    from vime.engine.weight_sync.protocol import weight_sync_server_args
 
     pythonpath = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     collective = VLLMServer(tiny_model_dir, log_path=tmp_path / "vllm-collective.log", env={"PYTHONPATH": pythonpath},

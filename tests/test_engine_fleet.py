@@ -80,7 +80,7 @@ async def test_a_frozen_models_server_comes_back_on_its_checkpoint_not_the_polic
         tmp_path, monkeypatch):
     """In a `--vllm-config` topology, a reward model's server that dies reloads the reward model;
     only the policy's servers restart from the weights the trainer synced last."""
-    from vime.engine import live_weights
+    from vime.engine.weight_sync import live_weights
 
     live = (tmp_path / "live", 7)
     monkeypatch.setattr(live_weights, "current", lambda run_dir: live)

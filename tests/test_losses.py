@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from vime.args import parse_args
 from vime.errors import ConfigError
 from vime.train.losses import (
     LossConfig,
@@ -267,8 +268,15 @@ def test_missing_inputs_and_bad_flags_name_what_to_pass():
         LossConfig(loss_type="dpo")
 
 
-def test_loss_config_from_args_takes_the_flags_it_knows():
-    args = argparse.Namespace(eps_clip=0.1, eps_clip_high=0.3, use_tis=True, use_mis=True, mis_high=3.0, lr=1e-6)
+def test_loss_config_from_args_reads_every_field_from_the_flags():
+    args = parse_args(["--eps-clip", "0.1", "--eps-clip-high", "0.3", "--use-tis", "--use-mis", "--mis-high", "3.0"])
     config = LossConfig.from_args(args)
     assert (config.eps_clip, config.eps_clip_high, config.use_tis, config.tis_clip) == (0.1, 0.3, True, 2.0)
     assert (config.use_mis, config.mis_low, config.mis_high) == (True, 0.5, 3.0)
+
+
+def test_loss_config_from_args_names_a_field_args_lacks():
+    """A flag renamed without its config field fails at the trainer's start, not by training on a default."""
+    args = argparse.Namespace(**{k: v for k, v in vars(parse_args([])).items() if k != "mis_high"})
+    with pytest.raises(AttributeError, match=r"LossConfig.from_args: args has no mis_high \(--mis-high\)"):
+        LossConfig.from_args(args)

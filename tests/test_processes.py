@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from vime.engine import live_weights
+from vime.engine.weight_sync import live_weights
 from vime.errors import ConfigError, ServiceError
 from vime.follow import Follower
 from vime.procs import leftover_processes, spawn, stop_process_group

@@ -31,7 +31,7 @@ def test_an_infrastructure_failure_is_counted_with_its_cause():
 
 
 def test_the_trainer_leaves_out_an_aborted_sample_a_run_stored_before():
-    from vime.train.group import trainable
+    from vime.train.trainer_group import trainable
 
     tokens = dict(tokens=[1, 2, 3], response_length=1)
     done = Sample(status=Sample.Status.COMPLETED, reward=1.0, **tokens)

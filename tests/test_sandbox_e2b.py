@@ -28,6 +28,7 @@ from vime.sandbox import (
     attach_sandbox,
     make_sandbox,
 )
+from vime.args import VimeArgs
 from vime.envs.coding_agent.sandbox_activities import SandboxActivities
 from vime.sandbox.e2b import BOOT_KEY_METADATA
 from vime.sandbox.git import capture_diff, init_base, restore_diff
@@ -364,7 +365,7 @@ async def test_boot_sandbox_run_twice_with_one_key_leaves_one_vm(repo: Path, tmp
 
     sdk = FakeE2BSdk(tmp_path / "cloud")
     monkeypatch.setitem(sys.modules, "e2b", sdk)  # what `import e2b` gets: the fake SDK
-    args = types.SimpleNamespace(sandbox_backend="e2b", agent_harness="builtin", sandbox_task_queue="sbx")
+    args = VimeArgs(sandbox_backend="e2b", sandbox_task_queue="sbx")
     task = AgentTask("0", 0, 0, "fix it", str(repo), "true")
     with SampleStore.open(tmp_path / "run") as store:
         acts = SandboxActivities(args, store, host_queue="sbx-host-1")

@@ -14,13 +14,13 @@ import shutil
 import sys
 import tempfile
 import time
-import types
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from vime.args import VimeArgs
 from vime.envs.coding_agent.sandbox_activities import SandboxActivities
 from examples.coding_agent_rl.tasks.prepare import load_tasks
 from tests.test_coding_tasks import edit_diff
@@ -240,7 +240,7 @@ async def test_boot_sandbox_run_twice_with_one_key_leaves_one_workdir_and_no_bwr
     from temporalio.testing import ActivityEnvironment
 
     monkeypatch.setattr(tempfile, "tempdir", str(base))  # where the activity's sandboxes live
-    args = types.SimpleNamespace(sandbox_backend="bwrap", agent_harness="builtin", sandbox_task_queue="sbx")
+    args = VimeArgs(sandbox_backend="bwrap", sandbox_task_queue="sbx")
     task = AgentTask("0", 0, 0, "fix it", str(repo), "true")
     marker = f"vime-marker-{uuid.uuid4().hex}"
     with SampleStore.open(tmp_path / "run") as store:

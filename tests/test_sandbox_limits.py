@@ -10,13 +10,12 @@ import os
 import shutil
 import tempfile
 import time
-import types
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from vime.args import parse_args
+from vime.args import VimeArgs, parse_args
 from vime.envs.coding_agent.config import sandbox_options
 from vime.errors import ConfigError
 from vime.sandbox import BwrapSandbox, SandboxError
@@ -208,9 +207,9 @@ def test_the_sandbox_flags_reach_the_bwrap_constructor_with_their_defaults() -> 
                        "--sandbox-cpu-seconds", "60", "--sandbox-max-concurrent", "3"])
     assert sandbox_options(args, "/repo") == dict(workspace_bytes=None, tmp_bytes=32 * MiB, shm_bytes=8 * MiB,
                                                   cpu_seconds=60, max_concurrent=3, repo_dir="/repo")
-    assert sandbox_options(types.SimpleNamespace(sandbox_backend="e2b")) == {}
+    assert sandbox_options(VimeArgs(sandbox_backend="e2b")) == {}
     with pytest.raises(ConfigError, match="--sandbox-tmp-mb 0: must be at least 1"):
-        flag_options(types.SimpleNamespace(sandbox_tmp_mb=0))
+        flag_options(VimeArgs(sandbox_tmp_mb=0))
 
 
 async def test_a_worker_that_may_not_mount_boots_an_uncapped_workspace_and_warns_once(

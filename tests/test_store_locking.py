@@ -27,7 +27,7 @@ from vime.store import (
     StepManifest,
     StoreLockedError,
 )
-from vime.store.engine import retry_when_locked
+from vime.store.database import retry_when_locked
 
 HOLD_LOCK = """
     import sqlite3, sys

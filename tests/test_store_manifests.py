@@ -23,7 +23,7 @@ from vime.store import (
     StepManifest,
     StoreError,
 )
-from vime.store.engine import make_engine, resolve_url, write_transaction
+from vime.store.database import make_engine, resolve_url, write_transaction
 from vime.store.migrate import alembic_config, current_revision, head_revision
 from vime.store.models import SampleRow
 from vime.store.rows import sample_row

@@ -15,7 +15,7 @@ SCRIPT = """
 import json, sys
 from vime.args import parse_args
 from vime.train import distributed as dist_utils
-from vime.train.group import TrainerGroup
+from vime.train.trainer_group import TrainerGroup
 
 argv, steps_path, out_path = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
 group = TrainerGroup(parse_args(argv))

@@ -13,8 +13,8 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from vime.engine.collective_sync import Rendezvous, SyncGroup, join_group, open_store, receive_pieces
-from vime.engine.weight_delta import (
+from vime.engine.weight_sync.collective import Rendezvous, SyncGroup, join_group, open_store, receive_pieces
+from vime.engine.weight_sync.delta import (
     PATCH_INDICES,
     PATCH_VALUES,
     DeltaTracker,

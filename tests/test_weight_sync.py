@@ -11,7 +11,6 @@ tied LM head. Each sync prints its pause and total.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import copy
 import importlib.metadata
@@ -25,16 +24,12 @@ import pytest
 import pytest_asyncio
 import torch
 
-from vime.engine import weight_sync
+from vime.args import VimeArgs
 from vime.engine.client import EngineClient
-from vime.engine.weight_sync import (
-    SyncReport,
-    WeightSync,
-    probe_logprobs,
-    reference_logprobs,
-    server_weight_version,
-    verify_sync,
-)
+from vime.engine.weight_sync import staging
+from vime.engine.weight_sync.staging import SyncReport
+from vime.engine.weight_sync.sync import WeightSync
+from vime.engine.weight_sync.verify import probe_logprobs, reference_logprobs, server_weight_version, verify_sync
 from vime.errors import ConfigError, ServiceError
 from vime.rollout.generate import generate
 from vime.store import SampleStore
@@ -105,22 +100,22 @@ async def rpc(url: str, method: str, *args: str) -> dict:
 
 def test_a_tied_lm_head_is_left_out_and_other_aliases_are_copied():
     emb = torch.randn(8, 4)
-    tensors = weight_sync._prepare({"model.embed_tokens.weight": emb, "lm_head.weight": emb,
+    tensors = staging.prepare_tensors({"model.embed_tokens.weight": emb, "lm_head.weight": emb,
                                     "a": emb[:2], "b": emb[:2]}, dtype=torch.bfloat16)
     assert list(tensors) == ["model.embed_tokens.weight", "a", "b"]
     assert tensors["a"].data_ptr() != tensors["b"].data_ptr()
     assert all(t.dtype == torch.bfloat16 for t in tensors.values())
-    untied = weight_sync._prepare({"model.embed_tokens.weight": emb, "lm_head.weight": emb.clone()}, None)
+    untied = staging.prepare_tensors({"model.embed_tokens.weight": emb, "lm_head.weight": emb.clone()}, None)
     assert list(untied) == ["model.embed_tokens.weight", "lm_head.weight"]
     with pytest.raises(ConfigError, match="empty"):
-        weight_sync._prepare({}, None)
+        staging.prepare_tensors({}, None)
 
 
 def test_the_weights_file_is_renamed_into_place_and_nothing_else_is_left(tmp_path):
     from safetensors.torch import load_file
 
     path = tmp_path / "w.safetensors"
-    nbytes = weight_sync.write_weights_file({"x": torch.arange(6.0).reshape(2, 3)}, path)
+    nbytes = staging.write_weights_file({"x": torch.arange(6.0).reshape(2, 3)}, path)
     assert os.listdir(tmp_path) == ["w.safetensors"] and nbytes == path.stat().st_size
     assert torch.equal(load_file(str(path))["x"], torch.arange(6.0).reshape(2, 3))
 
@@ -302,8 +297,8 @@ async def test_a_rollout_spanning_a_sync_is_stored_whole_with_two_spans_and_tis_
     stored rollout logprobs against the trainer's (new) policy.
 
     The push is timed as in the in-flight test above (`SyncTiming`), up to `TRIES` tries."""
-    args = argparse.Namespace(vllm_router_ip=ws_server.host, vllm_router_port=ws_server.port,
-                              hf_checkpoint=str(tiny_model_dir))
+    args = VimeArgs(vllm_router_ip=ws_server.host, vllm_router_port=ws_server.port,
+                    hf_checkpoint=str(tiny_model_dir))
     prompt, max_tokens, band, clip = probe[:16], 1000, (0.98, 1.02), 1.01
     async with EngineClient(ws_server.url) as client:  # the engine's warm-up would widen the window
         await client.generate(prompt, {"max_tokens": 4})
@@ -395,7 +390,7 @@ async def test_a_failed_update_names_server_and_route_and_leaves_the_server_paus
     await push(sync, trainer, "before failure")
     before = reference_logprobs(trainer, probe)
     perturb(trainer, seed=10)
-    monkeypatch.setattr(weight_sync, "write_weights_file", lambda tensors, path, version=None: 0)
+    monkeypatch.setattr("vime.engine.weight_sync.sync.write_weights_file", lambda tensors, path, version=None: 0)
     failure = rf"{ws_server.url} POST /update_weights: HTTP 500: .*No such file.*restart it"
     with pytest.raises(ServiceError, match=failure):
         await sync.sync(trainer.state_dict())

@@ -19,16 +19,11 @@ from safetensors.torch import load_file
 
 import vime
 from vime.engine.client import EngineClient
-from vime.engine.live_weights import read_version
+from vime.engine.weight_sync.live_weights import read_version
 from vime.engine.server import VLLMServer
-from vime.engine.weight_sync import (
-    WeightSync,
-    probe_logprobs,
-    reference_logprobs,
-    server_weight_version,
-    verify_sync,
-    weight_sync_server_args,
-)
+from vime.engine.weight_sync.protocol import weight_sync_server_args
+from vime.engine.weight_sync.sync import WeightSync
+from vime.engine.weight_sync.verify import probe_logprobs, reference_logprobs, server_weight_version, verify_sync
 from vime.errors import ServiceError
 from tests.test_weight_sync import probe, trainer  # noqa: F401  module fixtures: a trainer of its own here
 

@@ -177,8 +177,12 @@ class VimeArgs:
     global_batch_size: int | None = _training(
         None, "Samples per optimizer step (default: rollout-batch-size x n-samples-per-prompt)."
     )
-    micro_batch_size: int = _training(1, "Samples per forward/backward.")
-    use_dynamic_batch_size: bool = _training(False, "Pack micro-batches up to --max-tokens-per-gpu.")
+    micro_batch_size: int = _training(
+        1, "slime's samples per forward/backward. vime always packs micro-batches by tokens (--max-tokens-per-gpu), "
+           "so only 1 is accepted, or any value with --use-dynamic-batch-size, which ignores it as slime does.")
+    use_dynamic_batch_size: bool = _training(
+        False, "Pack micro-batches up to --max-tokens-per-gpu (which it then requires). vime always packs so; "
+               "the flag keeps slime command lines working and lets --micro-batch-size through.")
     max_tokens_per_gpu: int | None = _training(
         None, "Token budget of a packed micro-batch (default: 8192 on GPUs, 1024 on CPU).")
     gradient_checkpointing: bool = _training(False, "Recompute activations in backward.")
@@ -411,22 +415,24 @@ def build_parser(*, vllm: bool = False, router: bool = False, env: Environment |
     taken = set(parser._option_string_actions)
     if vllm:
         try:
-            actions, _ = forward.vllm_actions()
+            table = forward.vllm_option_table()
+            options = table.options()
         except ImportError as exc:
             raise ConfigError(
                 f"--vllm-* server flags need vLLM, which cannot be imported here ({exc}); "
                 "install it with `pip install 'vime[cpu]'` (CPU hosts) or `pip install 'vime[gpu]'`"
             ) from exc
-        forward.add_forwarded(groups["vLLM"], actions, "vllm-", "vllm_server_args", taken, forward.RESERVED_VLLM)
+        forward.add_forwarded(groups["vLLM"], options, table.checker, "vllm-", "vllm_server_args", taken,
+                              forward.RESERVED_VLLM)
     if router:
         try:
-            actions = forward.router_actions()
+            options, checker = forward.router_options()
         except ImportError as exc:
             raise ConfigError(
                 f"--router-* flags need vllm-router, which cannot be imported here ({exc}); "
                 "install it with `pip install 'vime[cpu]'` or `pip install 'vime[gpu]'`"
             ) from exc
-        forward.add_forwarded(groups["router"], actions, "router-", "router_args", taken, {})
+        forward.add_forwarded(groups["router"], options, checker, "router-", "router_args", taken, {})
     return parser
 
 

@@ -14,9 +14,11 @@ import functools
 import logging
 import importlib
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vime.errors import ConfigError
+from vime.vllm_options import OptionTable, ServerOption, installed_source, raw_checker
 
 _FALLBACK_ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash")
 
@@ -72,6 +74,28 @@ def router_actions() -> tuple[argparse.Action, ...]:
     return tuple(parser._actions)
 
 
+def vllm_option_table() -> OptionTable:
+    """The installed vLLM's `serve` options, from the record of an earlier build when there is one
+    (vime.vllm_options); raises ImportError, saying why, when vLLM cannot be imported."""
+    return _table_for(VLLM_PARSER_SOURCES)
+
+
+@functools.cache
+def _table_for(sources: tuple[tuple[str, str], ...]) -> OptionTable:
+    source = installed_source(sources)
+    if source is None:
+        vllm_actions()  # no source's package is installed: this raises the ImportError that says so
+        raise ImportError(f"none of {', '.join(m for m, _ in sources)} is installed")
+    return OptionTable.for_source(source, lambda: vllm_actions()[0])
+
+
+def router_options() -> tuple[tuple[ServerOption, ...], Callable[[ServerOption], Callable[[str], str]]]:
+    """vllm-router's options and their checker (its parser is cheap to build: not recorded)."""
+    actions = {a.option_strings[0]: a for a in router_actions() if a.option_strings}
+    options = tuple(ServerOption.of(a) for a in actions.values())
+    return options, lambda o: raw_checker(actions[o.option_strings[0]].type, actions[o.option_strings[0]].choices)
+
+
 def vllm_parser_build_seconds() -> float:
     """Seconds this process spent importing vLLM and building its parser (builds it if needed)."""
     return vllm_actions()[1]
@@ -84,33 +108,6 @@ def router_policies() -> tuple[str, ...]:
         return tuple(action.choices)
     except (ImportError, StopIteration):
         return _FALLBACK_ROUTER_POLICIES
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and "further information" not in ln]
-    return "; ".join(lines) or type(exc).__name__
-
-
-def _raw_checker(convert: Any, choices: Any) -> Any:
-    """Validate a value with the server's own type and choices, but keep the user's string.
-
-    Server types may turn strings into objects (dataclasses, enums) that do not print back
-    as CLI values, so the forwarded token is always the raw string.
-    """
-
-    def check(raw: str) -> str:
-        value = raw
-        if callable(convert):
-            try:
-                value = convert(raw)
-            except Exception as exc:  # noqa: BLE001 - any failure of the server's type is a bad value
-                raise argparse.ArgumentTypeError(f"invalid value {raw!r}: {_one_line(exc)}") from exc
-        if choices is not None and value not in choices:
-            shown = ", ".join(str(c) for c in choices if c is not None)
-            raise argparse.ArgumentTypeError(f"invalid choice {raw!r} (choose from {shown})")
-        return raw
-
-    return check
 
 
 class _Forward(argparse.Action):
@@ -140,16 +137,18 @@ class _Forward(argparse.Action):
         setattr(namespace, self.dest, tokens)
 
 
-def add_forwarded(group, actions, prefix: str, dest: str, taken: set[str], reserved: dict[str, str]) -> None:
-    """Add `--<prefix><flag>` for every long option of the server's `actions`, with the same nargs,
-    type and choices; options already in `taken` (vime's own flags) keep their vime meaning."""
-    for action in actions:
-        if isinstance(action, argparse._HelpAction):
+def add_forwarded(group, options: Sequence[ServerOption], checker, prefix: str, dest: str, taken: set[str],
+                  reserved: dict[str, str]) -> None:
+    """Add `--<prefix><flag>` for every long option of the server's `options`, with the same nargs
+    and choices, values checked by `checker(option)`; options already in `taken` (vime's own flags)
+    keep their vime meaning."""
+    for action in options:
+        if action.help_action:
             continue
         why = next((reserved[o] for o in action.option_strings if o in reserved), None)
         kwargs: dict[str, Any] = {"nargs": action.nargs, "default": argparse.SUPPRESS, "help": argparse.SUPPRESS}
         if action.nargs != 0:
-            kwargs["type"] = _raw_checker(action.type, action.choices)
+            kwargs["type"] = checker(action)
             kwargs["metavar"] = action.metavar or action.dest.upper()
             if action.nargs == "?":
                 kwargs["const"] = _NO_VALUE

@@ -95,6 +95,10 @@ def resolve(args: Any) -> None:
         raise ConfigError("--eval-interval needs --eval-prompt-data (name path pairs)")
     if args.use_dynamic_batch_size and args.max_tokens_per_gpu is None:
         raise ConfigError("--use-dynamic-batch-size needs --max-tokens-per-gpu")
+    if args.micro_batch_size != 1 and not args.use_dynamic_batch_size:
+        raise ConfigError(f"--micro-batch-size {args.micro_batch_size}: vime packs each micro-batch up to "
+                          "--max-tokens-per-gpu tokens, never by sample count; drop --micro-batch-size and size "
+                          "--max-tokens-per-gpu to what one forward/backward may hold")
     if args.sandbox_backend not in ("bwrap", "e2b"):
         raise ConfigError(f"--sandbox-backend {args.sandbox_backend!r}: choose bwrap or e2b")
     if args.rm_type == "remote_rm" and not args.rm_url:

@@ -38,7 +38,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from vime.args_forward import CHECKED_ENV
 from vime.args_resolve import DEFAULT_ROLLOUT_FUNCTION
-from vime.engine import live_weights
+from vime.engine.weight_sync import live_weights
 from vime.engine.model_fleets import ModelFleets, model_fleets
 from vime.engine.topology import topology_of
 from vime.envs import load_environment

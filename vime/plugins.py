@@ -95,7 +95,7 @@ def load_function(path: str, flag: str) -> Callable[..., Any]:
 
 def load_hook(args: Any, dest: str) -> Callable[..., Any] | None:
     """The hook configured by `args.<dest>` (e.g. "custom_rm_path"), or None when the flag is unset."""
-    path = getattr(args, dest, None)
+    path = getattr(args, dest)
     if path is None:
         return None
     return load_function(path, "--" + dest.replace("_", "-"))

@@ -144,7 +144,7 @@ def check_opd(args: Any) -> None:
     """`--use-opd` has a teacher to score the student's tokens, a reward function that stores its
     log-probs, and, where the teacher's checkpoint is known (`--vllm-config`), the student's
     tokenizer: the teacher reads the student's token ids, so one id must mean one token in both."""
-    if not getattr(args, "use_opd", False):
+    if not args.use_opd:
         return
     if args.opd_kl_coef < 0:
         raise ConfigError(f"--opd-kl-coef must be >= 0 (the weight of the reverse KL to the teacher), got "

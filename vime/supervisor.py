@@ -20,15 +20,18 @@ with the same last error, stops the run with that error instead of being restart
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import socket
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from vime.errors import ConfigError, ServiceError
 from vime.log import get_logger
@@ -90,6 +93,38 @@ class WorkerProcess:
         """SIGTERM first: workers shut down gracefully, handing unfinished tasks back to Temporal."""
         proc, self.process = self.process, None
         stop_process_group(proc, timeout)
+
+
+@contextlib.contextmanager
+def running(worker: WorkerProcess) -> Iterator[WorkerProcess]:
+    """One worker for the length of a command (`vime smoke`, `vime rescore`): started, then stopped
+    (SIGTERM first) however the command ends. Not restarted: `while_alive` reports its death."""
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop(WORKER_STOP_S)
+
+
+T = TypeVar("T")
+
+
+async def while_alive(worker: WorkerProcess, awaitable: Awaitable[T], poll_s: float = 0.5) -> T:
+    """`awaitable`'s result, unless `worker` exits first: then the error a command prints, with the
+    worker's last words and its log (a `ConfigError` when it exited with a configuration error)."""
+    task = asyncio.ensure_future(awaitable)
+    try:
+        while True:
+            done, _ = await asyncio.wait([task], timeout=poll_s)
+            if done:
+                return task.result()
+            code = worker.process.poll() if worker.process is not None else None
+            if worker.process is not None and code is not None:
+                error = ConfigError if code == CONFIG_ERROR_EXIT else ServiceError
+                raise error(f"the {worker.name} worker exited ({exit_cause(code, worker.log_path)}); "
+                            f"its log: {worker.log_path}")
+    finally:
+        task.cancel()
 
 
 def _wait_then(process, on_exit: Callable[[], None]) -> None:

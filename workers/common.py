@@ -9,6 +9,7 @@ as "do not restart me, stop the run with this message".
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -122,3 +123,17 @@ def run_worker(serve: Callable[[], Awaitable[None]]) -> int:
         print(f"vime: error: {e}", file=sys.stderr, flush=True)
         return 1 if isinstance(e, ServiceError) else 2
     return 0
+
+
+def command_worker_main(argv: list[str] | None, prog: str, description: str,
+                        serve: Callable[[argparse.Namespace], Awaitable[None]],
+                        add_flags: Callable[[argparse.ArgumentParser], None] = lambda parser: None) -> int:
+    """The entry point of a worker one command starts for itself (`vime smoke`, `vime rescore`):
+    its flags are the Temporal connection plus `add_flags`' own."""
+    setup_logging()
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--temporal-address", required=True)
+    parser.add_argument("--temporal-namespace", default="default")
+    add_flags(parser)
+    args = parser.parse_args(argv)
+    return run_worker(lambda: serve(args))

@@ -23,7 +23,7 @@ from temporalio.worker import Worker
 from activities.train import TrainerActivities
 from vime.args import parse_args_or_exit
 from vime.train import distributed as dist_utils
-from vime.train.group import TrainerGroup
+from vime.train.trainer_group import TrainerGroup
 from vime.temporal.build_id import code_build_id
 from workers.common import announce, connect_from_args, run_until_signalled, run_worker, setup_logging
 

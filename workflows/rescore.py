@@ -8,56 +8,24 @@ with the same code (the same `scorer`) writes nothing new.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 
-with workflow.unsafe.imports_passed_through():
-    from vime.temporal.error_types import CONFIG_ERROR
-
-RESCORE_PAGE = "rescore_page"
-RESCORE_TASK_QUEUE = "vime-rescore"
-PAGE_HEARTBEAT_SECONDS = 60
-
-
-@dataclass
-class RescoreInput:
-    run_id: str
-    scorer: str  # names the reward code: a hash of its source
-    custom_rm_path: str
-    group_rm: bool = False
-    page_size: int = 256
-    after_id: int = 0  # where a continued-as-new workflow goes on
-    samples: int = 0
-    written: int = 0
+from vime.temporal.error_types import CONFIG_ERROR
+from vime.temporal.rescore import (
+    PAGE_HEARTBEAT_SECONDS,
+    RESCORE_PAGE,
+    RESCORE_WORKFLOW,
+    RescoreInput,
+    RescoreOutput,
+    RescorePage,
+    RescorePageResult,
+)
 
 
-@dataclass
-class RescorePage:
-    run_id: str
-    scorer: str
-    custom_rm_path: str
-    group_rm: bool
-    after_id: int
-    limit: int
-
-
-@dataclass
-class RescorePageResult:
-    last_id: int
-    samples: int
-    written: int
-
-
-@dataclass
-class RescoreOutput:
-    samples: int  # samples scored
-    written: int  # rewards stored by this rescore (0 when this code had scored them all before)
-
-
-@workflow.defn(name="RescoreWorkflow")
+@workflow.defn(name=RESCORE_WORKFLOW)
 class RescoreWorkflow:
     @workflow.run
     async def run(self, inp: RescoreInput) -> RescoreOutput:

@@ -45,5 +45,5 @@ def check(args: Any) -> None:
 
 def multi_agent_flags(args: Any) -> MultiAgentFlags:
     """The run's flags (their defaults for an `args` that parsed none, e.g. a test's namespace)."""
-    flags = getattr(args, "env_args", None)
+    flags = args.env_args
     return flags if isinstance(flags, MultiAgentFlags) else MultiAgentFlags()

@@ -26,9 +26,9 @@ def check(args: Any) -> None:
         raise ConfigError(f"--tool-timeout {flags.tool_timeout}: must be positive seconds")
     if flags.tool_memory_mb < 32:
         raise ConfigError(f"--tool-memory-mb {flags.tool_memory_mb}: Python needs at least 32 MiB to start")
-    if getattr(args, "prompt_data", None) and not getattr(args, "label_key", None):
+    if args.prompt_data and not args.label_key:
         raise ConfigError("--rollout-env tool_use needs --label-key: the reward checks the answer against it")
-    if getattr(args, "sandbox_backend", "bwrap") == "bwrap" and not (shutil.which("bwrap") and shutil.which("prlimit")):
+    if args.sandbox_backend == "bwrap" and not (shutil.which("bwrap") and shutil.which("prlimit")):
         raise ConfigError("--rollout-env tool_use runs code under bubblewrap: install it (apt-get install -y "
                           "bubblewrap) or choose another --sandbox-backend")
 
@@ -38,7 +38,7 @@ def tool_use_config(args: Any):
     from examples.tool_use.rollout import DEFAULT_BUDGET, ToolUseConfig
     from examples.tool_use.tool import ToolLimits
 
-    flags = args.env_args if isinstance(getattr(args, "env_args", None), ToolUseFlags) else ToolUseFlags()
+    flags = args.env_args if isinstance(args.env_args, ToolUseFlags) else ToolUseFlags()
     return ToolUseConfig(max_turns=flags.tool_max_turns,
-                         budget=getattr(args, "rollout_max_response_len", None) or DEFAULT_BUDGET,
+                         budget=args.rollout_max_response_len or DEFAULT_BUDGET,
                          limits=ToolLimits(timeout=flags.tool_timeout, memory_mb=flags.tool_memory_mb))

@@ -2,7 +2,7 @@
 
 A vLLM server that dies (crash, OOM, kill -9) is noticed within a second (`check`, called by
 the launcher's watch loop), its log tail is printed, and it is restarted **on the same address**
-from the live weights (`vime.engine.live_weights`: the policy the trainer synced last, with its
+from the live weights (`vime.engine.weight_sync.live_weights`: the policy the trainer synced last, with its
 weight version), so clients and the trainer find it where it was and nothing samples from stale
 weights. Requests that were in flight fail as infrastructure failures and their rollouts are
 retried by Temporal once the server is back.
@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vime.engine import live_weights
+from vime.engine.weight_sync import live_weights
 from vime.engine.server import VLLMServer
 from vime.errors import ServiceError
 from vime.log import get_logger

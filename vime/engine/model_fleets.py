@@ -15,7 +15,7 @@ from pathlib import Path
 from vime.engine.fleet import EngineFleet
 from vime.engine.server import VLLMServer
 from vime.engine.topology import ServedModel, Topology
-from vime.engine.weight_sync import weight_sync_server_args
+from vime.engine.weight_sync.protocol import weight_sync_server_args
 
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from vime.engine.server import VLLMServer
-from vime.engine.weight_sync import weight_sync_server_args
+from vime.engine.weight_sync.protocol import weight_sync_server_args
 from vime.errors import ConfigError
 
 

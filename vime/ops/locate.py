@@ -10,7 +10,7 @@ from pathlib import Path
 
 from vime.errors import ConfigError
 from vime.store import SampleStore
-from vime.store.engine import DB_FILENAME
+from vime.store.database import DB_FILENAME
 
 
 def add_location_flags(parser: argparse.ArgumentParser) -> None:

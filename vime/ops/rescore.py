@@ -4,8 +4,9 @@ without sampling again, as a Temporal workflow (`RescoreWorkflow`: idempotent, r
 The new rewards are stored beside the old ones (the `rescores` table), never over them; the
 command prints each trained step's mean reward under the old and the new code. The same code
 (the same source, hashed) rescoring again writes nothing. Temporal is the run's own dev server on
-`<run-dir>/temporal.db` (under the run-dir lock), or `--temporal-address`; the worker runs in
-this process, so nothing else needs to be running. Ctrl-C and the same command resume it.
+`<run-dir>/temporal.db` (under the run-dir lock), or `--temporal-address`; the command starts its
+own worker (`workers/rescore.py`, a child process, stopped at the end), so nothing else needs to
+be running. Ctrl-C and the same command resume it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 import hashlib
 import inspect
 import json
-import logging
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,19 +24,18 @@ from sqlalchemy import select
 from temporalio.client import WorkflowFailureError
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError
-from temporalio.worker import Worker
 
-from activities.rescore import RescoreActivities
 from vime.errors import ConfigError, ServiceError
 from vime.ops.commands import run_parser, table
 from vime.ops.locate import open_existing, run_dir_of, store_for
 from vime.plugins import load_function
 from vime.rundir import RunDirLock
+from vime.store import SampleStore
 from vime.store.models import RunRow
-from vime.temporal.build_id import code_build_id
+from vime.supervisor import WorkerProcess, running, while_alive
 from vime.temporal.client import connect
 from vime.temporal.dev_server import TemporalDevServer
-from workflows.rescore import RESCORE_TASK_QUEUE, RescoreInput, RescoreOutput, RescoreWorkflow
+from vime.temporal.rescore import RESCORE_TASK_QUEUE, RESCORE_WORKFLOW, RescoreInput, RescoreOutput
 
 
 REVIVE_SECONDS = 300  # how long a lost dev server is restarted and waited for
@@ -51,6 +51,12 @@ def scorer_of(path: str) -> str:
     return hashlib.sha256(path.encode() + b"\0" + source).hexdigest()[:16]
 
 
+def stored_run_config(store: SampleStore, run_id: str) -> dict | None:
+    """The config run `run_id` was stored with; None when the store has no such run."""
+    with store.engine.connect() as conn:
+        return conn.execute(select(RunRow.config).where(RunRow.run_id == run_id)).scalar_one_or_none()
+
+
 def rescore_main(argv: list[str]) -> int:
     parser = run_parser("vime rescore", "Score a run's stored rollouts with new reward code, without sampling; "
                         "the new rewards are stored beside the old, and old vs new means are printed per step.")
@@ -59,20 +65,15 @@ def rescore_main(argv: list[str]) -> int:
     parser.add_argument("--group-rm", action="store_true", help="the function scores a prompt group at once")
     parser.add_argument("--temporal-address", help="a running Temporal (default: the run's own dev server)")
     args = parser.parse_args(argv)
-    # the in-process worker would log each failed page with a traceback: the failure reaches the
-    # console once, as the command's error line
-    logging.getLogger().setLevel(max(logging.WARNING, logging.getLogger().level))
-    logging.getLogger("temporalio").setLevel(logging.ERROR)
     scorer = scorer_of(args.custom_rm_path)
     run_dir = run_dir_of(args.run, args.run_dir)
     with open_existing(store_for(args)) as store:
-        with store.engine.connect() as conn:
-            config = conn.execute(select(RunRow.config).where(RunRow.run_id == args.run)).scalar_one_or_none()
-        if config is None:
+        if stored_run_config(store, args.run) is None:
             raise ConfigError(f"run {args.run!r} is not in {store.url}; `vime runs` lists the runs")
-        with _temporal(args, run_dir) as (address, server):
+        with _temporal(args, run_dir) as (address, server), \
+                running(_worker(address, store_for(args), run_dir)) as worker:
             try:
-                out = asyncio.run(_rescore(address, server, store, config, RescoreInput(
+                out = asyncio.run(_rescore(address, server, worker, RescoreInput(
                     args.run, scorer, args.custom_rm_path, args.group_rm)))
             except RPCError as e:  # a --temporal-address that went away: what is stored stays stored
                 raise ServiceError(f"lost Temporal at {address} ({e.message}); the pages scored so far are "
@@ -88,6 +89,13 @@ def rescore_main(argv: list[str]) -> int:
           f"stored beside the old" + ("; this code had scored them all before: nothing changed" if not out.written
                                       else ""))
     return 0
+
+
+def _worker(address: str, store: str, run_dir: Path) -> WorkerProcess:
+    """The rescore worker, its log in the run directory (else in the temp directory)."""
+    log_dir = run_dir if run_dir.is_dir() else Path(tempfile.gettempdir())
+    return WorkerProcess("rescore", "workers.rescore", ["--temporal-address", address, "--store", store],
+                         log_dir / "worker-rescore.log", run_dir if run_dir.is_dir() else None)
 
 
 @contextmanager
@@ -112,27 +120,24 @@ async def _revive(server: TemporalDevServer) -> None:
     await asyncio.to_thread(server.restart)
 
 
-async def _rescore(address: str, server: TemporalDevServer | None, store, config: dict,
+async def _rescore(address: str, server: TemporalDevServer | None, worker: WorkerProcess,
                    inp: RescoreInput) -> RescoreOutput:
     client = await connect(address, identity=f"vime-rescore-{inp.run_id}")
-    acts = RescoreActivities(store, config)
-    async with Worker(client, task_queue=RESCORE_TASK_QUEUE, workflows=[RescoreWorkflow],
-                      activities=[acts.rescore_page], build_id=code_build_id()):
-        deadline = time.monotonic() + REVIVE_SECONDS
-        while True:
-            try:
-                handle = await client.start_workflow(
-                    RescoreWorkflow.run, inp, id=f"rescore-{inp.run_id}-{inp.scorer}", task_queue=RESCORE_TASK_QUEUE,
-                    id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                    id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE)
-                return await handle.result()
-            except RPCError:
-                if server is None or time.monotonic() > deadline:
-                    raise
-                await _revive(server)
-            except WorkflowFailureError as e:
-                cause = e.cause
-                while getattr(cause, "cause", None) is not None:
-                    cause = cause.cause
-                raise ConfigError(f"rescore of run {inp.run_id!r} failed: "
-                                  f"{getattr(cause, 'message', None) or cause}") from None
+    deadline = time.monotonic() + REVIVE_SECONDS
+    while True:
+        try:
+            handle = await client.start_workflow(
+                RESCORE_WORKFLOW, inp, id=f"rescore-{inp.run_id}-{inp.scorer}", task_queue=RESCORE_TASK_QUEUE,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE, result_type=RescoreOutput)
+            return await while_alive(worker, handle.result())
+        except RPCError:
+            if server is None or time.monotonic() > deadline:
+                raise
+            await _revive(server)
+        except WorkflowFailureError as e:
+            cause = e.cause
+            while getattr(cause, "cause", None) is not None:
+                cause = cause.cause
+            raise ConfigError(f"rescore of run {inp.run_id!r} failed: "
+                              f"{getattr(cause, 'message', None) or cause}") from None

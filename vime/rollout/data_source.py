@@ -48,7 +48,7 @@ class RolloutDataSource:
 
     def __init__(self, args: Any, dataset: PromptDataset | None = None) -> None:
         self.args = args
-        if dataset is None and getattr(args, "prompt_data", None):
+        if dataset is None and args.prompt_data:
             dataset = PromptDataset.from_args(args)
         self.dataset = dataset
         self.position = 0
@@ -58,7 +58,7 @@ class RolloutDataSource:
 
     @property
     def n_samples_per_prompt(self) -> int:
-        return int(getattr(self.args, "n_samples_per_prompt", 1) or 1)
+        return int(self.args.n_samples_per_prompt or 1)
 
     def __len__(self) -> int:
         """Prompts per epoch (0 without a dataset)."""
@@ -71,7 +71,7 @@ class RolloutDataSource:
         if self.dataset is None:
             return 0, position
         epoch, offset = divmod(position, len(self.dataset))
-        if getattr(self.args, "rollout_shuffle", False):
+        if self.args.rollout_shuffle:
             return epoch, self.dataset.permutation(epoch)[offset]
         return epoch, offset
 
@@ -136,7 +136,7 @@ class RolloutDataSource:
 
     def save(self, rollout_id: Any) -> None:
         """slime's `save`: the state as JSON under `--save`/rollout/ (nothing without --save)."""
-        path = self._state_path(getattr(self.args, "save", None), rollout_id)
+        path = self._state_path(self.args.save, rollout_id)
         if path is None:
             return
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -147,7 +147,7 @@ class RolloutDataSource:
 
     def load(self, rollout_id: Any = None) -> None:
         """slime's `load`: restore the state `save(rollout_id)` wrote, if there is one."""
-        path = self._state_path(getattr(self.args, "load", None), rollout_id)
+        path = self._state_path(self.args.load, rollout_id)
         if path is None or not os.path.exists(path):
             return
         try:
@@ -160,7 +160,7 @@ class RolloutDataSource:
 
 def make_data_source(args: Any) -> Any:
     """The data source `args` asks for: `--data-source-path`'s class, else `RolloutDataSource`."""
-    path = getattr(args, "data_source_path", None)
+    path = args.data_source_path
     if path is None:
         return RolloutDataSource(args)
     cls = load_function(path, "--data-source-path")

@@ -331,7 +331,7 @@ class PromptDataset:
         if not path:
             raise ConfigError(f"{flag} is not set; point it at a .jsonl or .parquet prompt file")
         needs_tokenizer = args.apply_chat_template or args.rollout_max_prompt_len is not None
-        if needs_tokenizer and not getattr(args, "hf_checkpoint", None):
+        if needs_tokenizer and not args.hf_checkpoint:
             why = "--apply-chat-template" if args.apply_chat_template else "--rollout-max-prompt-len"
             raise ConfigError(f"{why} needs the tokenizer: set --hf-checkpoint")
         return cls(

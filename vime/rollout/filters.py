@@ -69,7 +69,7 @@ def rollout_entries(group: list[Sample] | list[list[Sample]]) -> list[Sample | l
 
 def apply_dynamic_filter(args: Any, group: list[Sample] | list[list[Sample]]) -> tuple[bool, str | None]:
     """`(keep, reason)` for a finished group under `--dynamic-sampling-filter-path` (keep all when unset)."""
-    path = getattr(args, "dynamic_sampling_filter_path", None)
+    path = args.dynamic_sampling_filter_path
     if path is None:
         return True, None
     fn = load_function(path, "--dynamic-sampling-filter-path")

@@ -58,12 +58,12 @@ async def generate_rollout_fully_async(args: Any, rollout_id: int, data_source: 
     """The next `--rollout-batch-size` kept groups, in finish order, from the background worker."""
     if evaluation:
         return await eval_rollout(args, rollout_id)
-    target = getattr(args, "rollout_batch_size", None)
+    target = args.rollout_batch_size
     if not target:
         raise ConfigError("--rollout-batch-size is not set; it is the number of prompt groups per rollout step")
     worker = _WORKERS.get(id(data_source))
     if worker is None or worker.data_source is not data_source:
-        limit = getattr(args, "max_concurrent_rollouts", None) or target
+        limit = args.max_concurrent_rollouts or target
         worker = _WORKERS[id(data_source)] = _Worker(args, data_source, limit)
     worker.fill()
     kept: list[list[Sample]] = []

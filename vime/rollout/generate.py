@@ -32,7 +32,7 @@ _CONTEXT_ERROR = re.compile(
 
 def router_url(args: Any) -> str:
     """Where generate requests go: the router, or the one vLLM server."""
-    ip, port = getattr(args, "vllm_router_ip", None), getattr(args, "vllm_router_port", None)
+    ip, port = args.vllm_router_ip, args.vllm_router_port
     if not ip or not port:
         raise ConfigError(
             "--vllm-router-ip and --vllm-router-port are not set; they name the router (or the one vLLM "
@@ -52,7 +52,7 @@ def get_engine_client(args: Any) -> EngineClient:
     per_loop = _clients.setdefault(loop, {})
     client = per_loop.get(url)
     if client is None:
-        client = per_loop[url] = EngineClient(url, progress_timeout=getattr(args, "engine_progress_timeout", 60.0))
+        client = per_loop[url] = EngineClient(url, progress_timeout=args.engine_progress_timeout)
     return client
 
 
@@ -71,14 +71,14 @@ def prompt_token_ids(args: Any, sample: Sample) -> list[int]:
         tokenizer,
         sample.prompt,
         tools=(sample.metadata or {}).get("tools"),
-        chat_template_kwargs=getattr(args, "apply_chat_template_kwargs", None),
+        chat_template_kwargs=args.apply_chat_template_kwargs,
     )
     return tokenization.encode(tokenizer, text)
 
 
 def max_model_len(args: Any) -> int | None:
     """`--vllm-max-model-len` as forwarded to the servers, when it was set (else the server decides)."""
-    tokens = list(getattr(args, "vllm_server_args", None) or [])
+    tokens = list(args.vllm_server_args or [])
     for i, tok in enumerate(tokens):
         value = None
         if tok.startswith("--max-model-len="):

@@ -60,7 +60,7 @@ _FINISHED = (Sample.Status.COMPLETED, Sample.Status.TRUNCATED)
 
 
 def _generate_hook(args: Any) -> tuple[Callable[..., Any], str]:
-    path = getattr(args, "custom_generate_function_path", None)
+    path = args.custom_generate_function_path
     if path is None:
         return default_generate.generate, "vime.rollout.generate.generate"
     return load_function(path, "--custom-generate-function-path"), f"--custom-generate-function-path {path!r}"
@@ -69,12 +69,12 @@ def _generate_hook(args: Any) -> tuple[Callable[..., Any], str]:
 async def _call_generate(args: Any, hook: Callable[..., Any], *call_args: Any, evaluation: bool) -> Any:
     """The user's generate hook within `--custom-generate-timeout` (a sync one in a thread); the
     built-in generate as is (its engine client has its own no-progress timeout)."""
-    path = getattr(args, "custom_generate_function_path", None)
+    path = args.custom_generate_function_path
     if path is None:
         return await call_hook_async(hook, args, *call_args, evaluation=evaluation)
     return await call_limited(hook, hook_label("--custom-generate-function-path", path),
-                              float(getattr(args, "custom_generate_timeout", 0) or 0), args, *call_args,
-                              run_id=getattr(args, "run_id", None), evaluation=evaluation)
+                              float(args.custom_generate_timeout or 0), args, *call_args,
+                              run_id=args.run_id, evaluation=evaluation)
 
 
 def _as_siblings(result: Any, source: str) -> list[Sample]:
@@ -132,7 +132,7 @@ def _assign_ids(siblings: list[Sample], original: Sample, source: str) -> None:
 async def _generate_rollout(args: Any, hook: Callable[..., Any], source: str, sample: Sample,
                             params: dict[str, Any], evaluation: bool) -> list[Sample]:
     if sample.session_id is None:
-        run = getattr(args, "run_id", None) or "run"
+        run = args.run_id or "run"
         sample.session_id = f"{run}-{sample.index}" if sample.index is not None else uuid.uuid4().hex
     if sample.status in _FINISHED and sample.response_length > 0:
         siblings = [sample]  # finished earlier (a group handed back to the data source)
@@ -187,7 +187,7 @@ async def score_rollouts(args: Any, rollouts: list[list[Sample]]) -> None:
         log.warning("rollout.reward.failed", error=line, rollouts=len(pending))
         for rollout in pending:
             for s in rollout:
-                _fail(s, line, f"--custom-rm-path {getattr(args, 'custom_rm_path', None)!r}", line)
+                _fail(s, line, f"--custom-rm-path {args.custom_rm_path!r}", line)
                 s.reward = None
         return
     except ServiceError as exc:
@@ -224,7 +224,7 @@ async def run_group(args: Any, group: list[Sample], *, evaluation: bool = False,
     """
     base = sampling_params if sampling_params is not None else sampling_params_from_args(args, evaluation)
     hook, source = _generate_hook(args)
-    group_rm = bool(getattr(args, "group_rm", False))
+    group_rm = bool(args.group_rm)
 
     async def one(sample: Sample) -> list[Sample]:
         params = params_for_sample(base, args, sample)

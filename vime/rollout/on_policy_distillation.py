@@ -33,7 +33,7 @@ ROUTE = "/inference/v1/generate"
 
 def teacher_url(args: Any) -> str | None:
     """Where the teacher is served: the `teacher` model of the run's topology, else `--rm-url`."""
-    url = (getattr(args, "vllm_model_routers", None) or {}).get(TEACHER) or getattr(args, "rm_url", None)
+    url = (args.vllm_model_routers or {}).get(TEACHER) or args.rm_url
     if not url:
         return None
     url = url.rstrip("/")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from vime.engine.live_weights import BASE_VERSION
+from vime.engine.weight_sync.live_weights import BASE_VERSION
 from vime.errors import ServiceError
 from vime.log import get_logger
 from vime.sample_summary import versions_text

@@ -54,7 +54,7 @@ BUILTIN_RMS: dict[str, Callable[[str, Any], float]] = {
 
 
 def _custom_rm(args: Any) -> tuple[Callable[..., Any], str] | None:
-    path = getattr(args, "custom_rm_path", None)
+    path = args.custom_rm_path
     if path is None:
         return None
     return load_function(path, "--custom-rm-path"), f"--custom-rm-path {path!r}"
@@ -100,7 +100,7 @@ def reward_value(args: Any, reward: Any) -> float | None:
     if isinstance(reward, Sample):
         reward = reward.reward
     if isinstance(reward, dict):
-        key = getattr(args, "reward_key", None)
+        key = args.reward_key
         if key is None or key not in reward:
             raise ConfigError(f"a reward is a dict with keys {sorted(reward)}; set --reward-key to the scalar to use")
         reward = reward[key]
@@ -112,10 +112,10 @@ async def _call_user_rm(fn: Callable[..., Any], source: str, *args: Any) -> Any:
     target = args[1] if len(args) > 1 else None
     which = (f" on sample {target.index}" if isinstance(target, Sample) and target.index is not None
              else f" on a batch of {len(target)} samples" if isinstance(target, list) else "")
-    label = hook_label("--custom-rm-path", getattr(rm_args, "custom_rm_path", None) or source)
+    label = hook_label("--custom-rm-path", rm_args.custom_rm_path or source)
     try:
-        return await call_limited(fn, label, float(getattr(rm_args, "custom_rm_timeout", 0) or 0), *args,
-                                  run_id=getattr(rm_args, "run_id", None))
+        return await call_limited(fn, label, float(rm_args.custom_rm_timeout or 0), *args,
+                                  run_id=rm_args.run_id)
     except (ConfigError, ServiceError):
         raise
     except HookTimeout as exc:
@@ -133,13 +133,13 @@ async def reward(args: Any, sample: Sample) -> float | dict[str, Any]:
     custom = _custom_rm(args)
     if custom is not None:
         fn, source = custom
-        if getattr(args, "group_rm", False):  # a batched function: a group of one
+        if args.group_rm:  # a batched function: a group of one
             values = await _call_user_rm(fn, source, args, [sample])
             return _check_batch(values, 1, source)[0]
         return check_reward(await _call_user_rm(fn, source, args, sample), source)
     metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
-    rm_type = str(metadata.get("rm_type") or getattr(args, "rm_type", None) or "").strip()
-    if rm_type == "remote_rm" or (not rm_type and getattr(args, "rm_url", None)):
+    rm_type = str(metadata.get("rm_type") or args.rm_type or "").strip()
+    if rm_type == "remote_rm" or (not rm_type and args.rm_url):
         return await remote_reward(args, sample)
     if not rm_type:
         raise ConfigError(
@@ -177,7 +177,7 @@ async def group_rewards(args: Any, samples: list[Sample]) -> list[float | dict[s
     if not samples:
         return []
     custom = _custom_rm(args)
-    if custom is not None and getattr(args, "group_rm", False):
+    if custom is not None and args.group_rm:
         fn, source = custom
         return _check_batch(await _call_user_rm(fn, source, args, list(samples)), len(samples), source)
     return list(await asyncio.gather(*(reward(args, s) for s in samples)))
@@ -189,7 +189,7 @@ def _payload(sample: Sample) -> bytes:
 
 async def remote_reward(args: Any, sample: Sample) -> float | dict[str, Any]:
     """POST the sample to `--rm-url`; retried on connection errors and 5xx, not on 4xx."""
-    url = getattr(args, "rm_url", None)
+    url = args.rm_url
     if not url:
         raise ConfigError("--rm-type remote_rm needs --rm-url (the reward service to POST samples to)")
     source = f"reward service --rm-url {url}"

@@ -22,10 +22,10 @@ _SEED_MOD = 2**63
 def _eval_or(args: Any, name: str, evaluation: bool) -> Any:
     """`args.eval_<name>` during evaluation when a custom args object sets it, else `args.rollout_<name>`."""
     if evaluation:
-        value = getattr(args, f"eval_{name}", None)
+        value = getattr(args, f"eval_{name}", None)  # no such flag: only a hook's own args object has one
         if value is not None:
             return value
-    return getattr(args, f"rollout_{name}", None)
+    return getattr(args, f"rollout_{name}")
 
 
 def sampling_params_from_args(args: Any, evaluation: bool = False) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def sampling_params_from_args(args: Any, evaluation: bool = False) -> dict[str, 
         "temperature": float(pick("temperature", 1.0)),
         "top_p": float(pick("top_p", 1.0)),
         "top_k": int(pick("top_k", -1)),
-        "skip_special_tokens": bool(getattr(args, "rollout_skip_special_tokens", False)),
+        "skip_special_tokens": bool(args.rollout_skip_special_tokens),
         "spaces_between_special_tokens": False,
     }
     max_tokens = _eval_or(args, "max_response_len", evaluation)
@@ -60,7 +60,7 @@ def sampling_params_from_args(args: Any, evaluation: bool = False) -> dict[str, 
 
 def sample_seed(args: Any, sample: Sample) -> int | None:
     """`--rollout-seed + sample.index` (None when either is unset)."""
-    base = getattr(args, "rollout_seed", None)
+    base = args.rollout_seed
     if base is None or sample.index is None:
         return None
     return (int(base) + int(sample.index)) % _SEED_MOD

@@ -104,7 +104,7 @@ def _remember_class(path: str, cls: type) -> None:
 
 
 def tokenizer_for(args: Any) -> Any:
-    return get_tokenizer(getattr(args, "hf_checkpoint", None))
+    return get_tokenizer(args.hf_checkpoint)
 
 
 def parse_tools(value: Any, where: str) -> list[dict[str, Any]] | None:

@@ -60,10 +60,10 @@ async def generate_rollout(
     """One rollout step: `--rollout-batch-size` kept groups (or eval groups when `evaluation`)."""
     if evaluation:
         return await eval_rollout(args, rollout_id)
-    target = getattr(args, "rollout_batch_size", None)
+    target = args.rollout_batch_size
     if not target:
         raise ConfigError("--rollout-batch-size is not set; it is the number of prompt groups per rollout step")
-    over = getattr(args, "over_sampling_batch_size", None) or target
+    over = args.over_sampling_batch_size or target
     max_groups = MAX_GROUPS_FACTOR * target
 
     kept: list[list[Sample]] = []
@@ -129,14 +129,14 @@ def _hand_back(data_source: Any, groups: list[list[Sample]]) -> None:
 
 def eval_sets(args: Any) -> list[tuple[str, str]]:
     """`--eval-prompt-data name path [name path ...]` as `(name, path)` pairs."""
-    values = list(getattr(args, "eval_prompt_data", None) or [])
+    values = list(args.eval_prompt_data or [])
     if len(values) % 2:
         raise ConfigError(f"--eval-prompt-data takes name path pairs, got {len(values)} values: {values}")
     return list(zip(values[0::2], values[1::2], strict=True))
 
 
 def _eval_dataset(args: Any, path: str) -> PromptDataset:
-    key = (path, getattr(args, "hf_checkpoint", None), args.input_key, args.label_key, args.metadata_key,
+    key = (path, args.hf_checkpoint, args.input_key, args.label_key, args.metadata_key,
            args.tool_key, args.apply_chat_template, repr(args.apply_chat_template_kwargs), args.rollout_max_prompt_len)
     if key not in _EVAL_DATASETS:
         _EVAL_DATASETS[key] = PromptDataset.from_args(args, path, flag="--eval-prompt-data")

@@ -157,12 +157,11 @@ def no_space(e: BaseException) -> bool:
 
 
 def flag_options(args: object) -> dict:
-    """`BwrapSandbox` kwargs from the run's `--sandbox-*` limit flags (their defaults where `args`
-    lacks them, e.g. a test's namespace); a bad value is a ConfigError naming its flag."""
-    mib = {name: getattr(args, f"sandbox_{name}_mb", default)
-           for name, default in (("workspace", 1024), ("tmp", 256), ("shm", 64))}
-    cpu = getattr(args, "sandbox_cpu_seconds", 600)
-    concurrent = getattr(args, "sandbox_max_concurrent", 0)
+    """`BwrapSandbox` kwargs from the run's `--sandbox-*` limit flags; a bad value is a ConfigError
+    naming its flag."""
+    mib = {"workspace": args.sandbox_workspace_mb, "tmp": args.sandbox_tmp_mb, "shm": args.sandbox_shm_mb}
+    cpu = args.sandbox_cpu_seconds
+    concurrent = args.sandbox_max_concurrent
     for flag, value, least in (("--sandbox-workspace-mb", mib["workspace"], 0), ("--sandbox-tmp-mb", mib["tmp"], 1),
                                ("--sandbox-shm-mb", mib["shm"], 1), ("--sandbox-cpu-seconds", cpu, 1),
                                ("--sandbox-max-concurrent", concurrent, 0)):

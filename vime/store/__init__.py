@@ -4,7 +4,9 @@
 SQLAlchemy URL, migrated to the current schema. Modules: `models` (tables), `codec` (binary
 per-token columns), `rows` (Sample <-> columns), `engine` (URL, SQLite settings, write
 transactions, waiting out a locked database), `migrate` (Alembic upgrade on open), `store`
-(the API). Async activities call it off their event loop with `activities.store_calls.store_call`.
+(the API, `SampleStore`), built from one mixin per job over `base` (open, close, transactions):
+`runs`, `samples` (with rescores), `steps` (step manifests) and `turns`. Async activities call
+it off their event loop with `activities.store_calls.store_call`.
 """
 
 from vime.store.errors import (

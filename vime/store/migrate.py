@@ -26,7 +26,7 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
 from vime.errors import ConfigError
-from vime.store.engine import DEFAULT_LOCK_WAIT_S, run_read, run_write, shown
+from vime.store.database import DEFAULT_LOCK_WAIT_S, run_read, run_write, shown
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _PG_LOCK_ID = 0x76696D65  # "vime"

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from vime.errors import ConfigError
+from vime.train.flag_config import FromFlags
 from vime.types import Sample
 
 ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
@@ -319,7 +320,7 @@ def advantages_for_samples(
 
 
 @dataclass(frozen=True)
-class AdvantageConfig:
+class AdvantageConfig(FromFlags):
     """The advantage flags, under slime's attribute names, read from `args` in one place.
 
     The trainer and the tests both build advantages through this, so a flag wired to the wrong
@@ -337,11 +338,6 @@ class AdvantageConfig:
             raise ConfigError(
                 f"--advantage-estimator {self.advantage_estimator!r} is not one of {', '.join(ESTIMATORS)}"
             )
-
-    @classmethod
-    def from_args(cls, args: Any) -> AdvantageConfig:
-        """Build from `VimeArgs` or a slime-style namespace; flags it lacks keep their defaults."""
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
 def advantages_from_config(

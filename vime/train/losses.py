@@ -14,19 +14,19 @@ instead of saving a float32 copy of the [tokens, vocab] log-softmax.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 from vime.errors import ConfigError
+from vime.train.flag_config import FromFlags
 
 KL_TYPES = ("k1", "k2", "k3", "low_var_kl")
 LOSS_TYPES = ("policy_loss", "sft_loss")
 
 
 @dataclass(frozen=True)
-class LossConfig:
+class LossConfig(FromFlags):
     """The loss flags (slime's names). `eps_clip_high=None` means symmetric clipping;
     `eps_clip_c` enables dual-clip for negative advantages (slime's `--eps-clip-c`)."""
 
@@ -64,11 +64,6 @@ class LossConfig:
                 f"--mis-low {self.mis_low} / --mis-high {self.mis_high}: need 0 <= low < high (tokens whose "
                 "rollout ratio leaves [low, high] are masked)"
             )
-
-    @classmethod
-    def from_args(cls, args: Any) -> LossConfig:
-        """Build from an argparse namespace; flags it lacks keep their defaults."""
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
 # ---- log-probs and entropy from logits -------------------------------------------------------

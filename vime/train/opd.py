@@ -21,12 +21,12 @@ penalty and the loss's ratio agree; the teacher's is taken as vLLM returned it. 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 import torch
 
 from vime.errors import ConfigError
+from vime.train.flag_config import FromFlags
 from vime.types import Sample
 
 OPD_TYPES = ("vllm", "sglang")
@@ -34,7 +34,7 @@ OPD_TYPES = ("vllm", "sglang")
 
 
 @dataclass(frozen=True)
-class OpdConfig:
+class OpdConfig(FromFlags):
     """The OPD flags (slime's names), read from `args` in one place."""
 
     use_opd: bool = False
@@ -47,10 +47,6 @@ class OpdConfig:
         if self.opd_type is not None and self.opd_type not in OPD_TYPES:
             raise ConfigError(f"--opd-type {self.opd_type!r}: vime scores with a teacher server, choose one of "
                               f"{', '.join(OPD_TYPES)}")
-
-    @classmethod
-    def from_args(cls, args: Any) -> OpdConfig:
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
 
 
 def teacher_log_probs(samples: Sequence[Sample]) -> list[torch.Tensor | None]:

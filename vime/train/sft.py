@@ -139,9 +139,9 @@ def epoch_batches(rollouts: Sequence[list[Sample]], batch_size: int, steps: int,
 
 def check_sft_flags(args: Any) -> None:
     """The flag checks that need no data or model, so `vime sft` fails before any real work."""
-    if not getattr(args, "hf_checkpoint", None):
+    if not args.hf_checkpoint:
         raise ConfigError("vime sft needs --hf-checkpoint (the model to start from)")
-    if not getattr(args, "save", None):
+    if not args.save:
         raise ConfigError("vime sft needs --save (the directory to write the trained model to)")
     out = Path(args.save)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -221,8 +221,8 @@ def run_sft(args: Any, samples: Sequence[Sample]) -> SftResult:
                           "rollouts in the SFT data; use at most that many")
     batch_size = args.global_batch_size or min(DEFAULT_GLOBAL_BATCH_SIZE, len(rollouts))
     per_epoch = math.ceil(len(rollouts) / batch_size)
-    steps = getattr(args, "sft_num_steps", None) or (getattr(args, "num_epoch", None) or 1) * per_epoch
-    ignored = [f"--{n.replace('_', '-')}" for n in IGNORED_FLAGS if getattr(args, n, None)]
+    steps = args.sft_num_steps or (args.num_epoch or 1) * per_epoch
+    ignored = [f"--{n.replace('_', '-')}" for n in IGNORED_FLAGS if getattr(args, n)]
     if ignored:
         log.warning("sft ignores these flags", flags=ignored)
 
@@ -242,7 +242,7 @@ def run_sft(args: Any, samples: Sequence[Sample]) -> SftResult:
                  lr=m["lr"], tokens_per_second=round(m["train_tokens_per_second"]))
 
     out = Path(args.save)
-    info = {"base_model": str(args.hf_checkpoint), "sft_data": getattr(args, "sft_data", None),
+    info = {"base_model": str(args.hf_checkpoint), "sft_data": args.sft_data,
             "samples": len(samples), "rollouts": len(rollouts), "global_batch_size": batch_size, "steps": steps,
             "lr": args.lr, "seed": args.seed, "first_loss": losses[0], "last_loss": losses[-1]}
     _save_model(trainer, out, info)
@@ -255,7 +255,7 @@ def run_sft(args: Any, samples: Sequence[Sample]) -> SftResult:
 def main(args: Any) -> int:
     """`vime sft`: check the flags, read `--sft-data`, train, print the saved model's directory."""
     check_sft_flags(args)
-    if not getattr(args, "sft_data", None):
+    if not args.sft_data:
         raise ConfigError("vime sft needs --sft-data (JSONL, one Sample.to_dict() per line)")
     result = run_sft(args, load_sft_samples(args.sft_data))
     print(result.save_dir)  # stdout is the model directory alone, for scripts; the log has the losses

@@ -18,7 +18,7 @@ def sampling_defaults(args: Any) -> dict[str, Any]:
     params: dict[str, Any] = {"temperature": args.rollout_temperature, "max_tokens": coding_flags(args).agent_max_tokens}
     for name, key in (("rollout_top_p", "top_p"), ("rollout_top_k", "top_k"), ("rollout_stop", "stop"),
                       ("rollout_stop_token_ids", "stop_token_ids")):
-        value = getattr(args, name, None)
+        value = getattr(args, name)
         if value is not None:
             params[key] = value
     return params

@@ -27,7 +27,7 @@ def check(args: Any) -> None:
         raise ConfigError("--agent-max-turns and --agent-max-tokens must be positive, --agent-max-format-errors >= 0")
     if flags.agent_command_timeout <= 0:
         raise ConfigError(f"--agent-command-timeout {flags.agent_command_timeout}: must be positive seconds")
-    if getattr(args, "sandbox_backend", "bwrap") == "bwrap":
+    if args.sandbox_backend == "bwrap":
         from vime.sandbox.bwrap_limits import flag_options
 
         flag_options(args)  # a bad --sandbox-* limit fails here, before any service starts
@@ -35,5 +35,5 @@ def check(args: Any) -> None:
 
 def coding_flags(args: Any) -> CodingAgentFlags:
     """The run's coding-agent flags (their defaults for a run that parsed none, e.g. a test's)."""
-    flags = getattr(args, "env_args", None)
+    flags = args.env_args
     return flags if isinstance(flags, CodingAgentFlags) else CodingAgentFlags()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy.engine import make_url
 
-from vime.store.engine import make_engine, write_transaction
+from vime.store.database import make_engine, write_transaction
 from vime.store.models import Base
 
 config = context.config

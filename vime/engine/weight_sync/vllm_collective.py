@@ -1,10 +1,10 @@
 """vLLM worker side of the collective weight-sync engine (backend `vime_collective`).
 
 Registered with vLLM's `WeightTransferEngineFactory` when vLLM imports vime's worker extension
-(`vime.engine.cpu_weight_transfer` imports this module), and chosen with
+(`vllm_extension.py` imports this module), and chosen with
 `--weight-transfer-config '{"backend": "vime_collective"}'` (`weight_sync_server_args("collective")`).
 
-`/init_weight_transfer_engine` joins the trainer's group (`vime.engine.collective_sync`): the
+`/init_weight_transfer_engine` joins the trainer's group (`collective.py`): the
 worker's rank is the server's `rank_offset` plus its rank among the server's workers; the
 call returns once every rank joined, or fails after `timeout_s` with the address it tried.
 `/update_weights` carries the names, dtypes and shapes (and, in delta mode, each patch's
@@ -28,16 +28,16 @@ from vllm.distributed.weight_transfer.base import (
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 from vllm.logger import init_logger
 
-from vime.engine.collective_sync import (
+from vime.engine.weight_sync.collective import (
     DEFAULT_BUCKET_BYTES,
     Rendezvous,
     join_group,
     open_store,
     receive_pieces,
 )
-from vime.engine.cpu_weight_transfer import LayerwiseReloadEngine
-from vime.engine.weight_delta import INDEX_DTYPE, Patch
-from vime.engine.weight_sync import COLLECTIVE_BACKEND
+from vime.engine.weight_sync.vllm_reload import LayerwiseReloadEngine
+from vime.engine.weight_sync.delta import INDEX_DTYPE, Patch
+from vime.engine.weight_sync.protocol import COLLECTIVE_BACKEND
 
 logger = init_logger(__name__)
 

@@ -1,0 +1,65 @@
+"""Runs: created once with their config, re-registered with the flags of each (re)start."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import Connection, insert, select, update
+
+from vime.store import queries as q
+from vime.store.base import StoreBase
+from vime.store.models import RunRow, utcnow
+from vime.store.rows import check_json
+
+
+class RunsApi(StoreBase):
+    """Runs and their stored config and flags."""
+
+    def ensure_run(self, run_id: str, config: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+        """Create run `run_id` unless it exists; return its stored config.
+
+        The config stored is the one given when the run was created; later calls (a resumed
+        run) do not change it.
+        """
+        run_id = q.check_run_id(run_id)
+        config_json = None if config is None else check_json("run config", dict(config))
+
+        def work(conn: Connection) -> dict[str, Any] | None:
+            stored = conn.execute(select(RunRow.config).where(RunRow.run_id == run_id)).first()
+            if stored is not None:
+                return stored.config
+            row = {"run_id": run_id, "config": config_json, "created_at": utcnow()}
+            conn.execute(insert(RunRow.__table__), row)
+            return config_json
+
+        stored_config = self._write(work)
+        self._known_runs.add(run_id)
+        return stored_config
+
+    def register_run(self, run_id: str, argv: Sequence[str], config: Mapping[str, Any] | None = None) -> None:
+        """Record the flags run `run_id` was (re)started with (and the config parsed from them),
+        creating the run if it is new.
+
+        Workers that serve many runs build a run's config from the flags (`vime.run_args`); a run
+        restarted with other flags (another engine address, more steps) replaces them.
+        """
+        run_id = q.check_run_id(run_id)
+        argv = [str(a) for a in argv]
+        fields = {**(check_json("run config", dict(config)) if config else {}), "argv": argv}
+
+        def work(conn: Connection) -> None:
+            stored = conn.execute(select(RunRow.config).where(RunRow.run_id == run_id)).first()
+            if stored is None:
+                conn.execute(insert(RunRow.__table__), {"run_id": run_id, "config": fields, "created_at": utcnow()})
+            else:
+                conn.execute(update(RunRow).where(RunRow.run_id == run_id).values(
+                    config={**(stored.config or {}), **fields}))
+
+        self._write(work)
+        self._known_runs.add(run_id)
+
+    def run_argv(self, run_id: str) -> list[str] | None:
+        """The flags run `run_id` was last started with (None: no such run, or one never registered)."""
+        row = self._read(lambda conn: conn.execute(select(RunRow.config).where(RunRow.run_id == run_id)).first())
+        return None if row is None or not isinstance(row.config, dict) else row.config.get("argv")
