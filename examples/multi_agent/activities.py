@@ -16,9 +16,9 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.errors import final_config_errors
-from activities.heartbeat import heartbeating
-from activities.store_calls import store_call
+from vime.temporal.retry import final_config_errors
+from vime.temporal.heartbeat import heartbeating
+from vime.temporal.store_calls import store_call
 from examples.multi_agent import roles, task
 from examples.multi_agent.flags import multi_agent_flags
 from examples.multi_agent.workflow import (REWRITER, SELECTOR, SOLVERS, STORE, MultiAgentRolloutInput,

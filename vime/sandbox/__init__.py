@@ -3,7 +3,8 @@
 `make_sandbox(args.sandbox_backend, repo_dir=...)` is how rollout code gets one, and
 `attach_sandbox(backend, sandbox_id, ...)` how a later activity gets a handle to one booted
 earlier; nothing else in vime names a backend class, so a new provider is one module plus one
-line in `BACKENDS`. See docs/sandbox-backends.md.
+line in `BACKENDS`. See docs/sandbox-backends.md. `run_program` runs a program in a fresh
+sandbox and grades it (passed / failed / error / timeout, with a reason): see `programs.py`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from vime.sandbox.base import (
     SandboxGone,
 )
 from vime.errors import ConfigError
+from vime.sandbox.programs import OUTCOMES, ProgramResult, run_program
 
 BACKENDS: dict[str, str] = {
     "bwrap": "vime.sandbox.bwrap:BwrapSandbox",
@@ -71,9 +73,12 @@ __all__ = [
     "CommandTimeout",
     "E2BSandbox",
     "ExecResult",
+    "OUTCOMES",
+    "ProgramResult",
     "Sandbox",
     "SandboxError",
     "SandboxGone",
     "attach_sandbox",
     "make_sandbox",
+    "run_program",
 ]
