@@ -85,19 +85,19 @@ def group_activity(name: str, ctx: EnvContext, reward: Callable[..., Any] | None
     @activity.defn(name=name)
     @final_config_errors
     async def generate(inp: GroupInput) -> GroupOutput:
-        group = await prompt_group(args, inp.position)
-        ids = [str(s.index) for s in group]
-        if (done := await stored_group(store, inp, ids)) is not None:
-            return done
-        async with heartbeating():
+        async with heartbeating():  # the store calls too: a write may wait for SQLite's lock
+            group = await prompt_group(args, inp.position)
+            ids = [str(s.index) for s in group]
+            if (done := await stored_group(store, inp, ids)) is not None:
+                return done
             rollouts = await run_group(args, group, evaluation=inp.evaluation, reward=reward)
-        samples = [s for rollout in rollouts for s in rollout]
-        infra = next((s.metadata["infra_failure"] for s in samples if s.metadata.get("infra_failure")), None)
-        if infra is not None:  # stored whole or not at all: the retry generates the group again
-            raise RuntimeError(f"group {inp.position}: infrastructure failure: {infra}")
-        for s in samples:
-            s.metadata.setdefault("env", name)
-        return await store_group(store, inp, dict(zip(ids, rollouts)), preview=True)
+            samples = [s for rollout in rollouts for s in rollout]
+            infra = next((s.metadata["infra_failure"] for s in samples if s.metadata.get("infra_failure")), None)
+            if infra is not None:  # stored whole or not at all: the retry generates the group again
+                raise RuntimeError(f"group {inp.position}: infrastructure failure: {infra}")
+            for s in samples:
+                s.metadata.setdefault("env", name)
+            return await store_group(store, inp, dict(zip(ids, rollouts)), preview=True)
 
     return generate
 
