@@ -46,19 +46,11 @@ LAYERS: list[tuple[str, ...]] = [
 
 # Imports that go up today, each (importing module, imported module); this list only shrinks.
 KNOWN_UPWARD: set[tuple[str, str]] = {
-    # removed when issue 22's C part lands: the environment SDK stops importing workflows/ and
-    # activities/ (C)
+    # `vime config` builds the run's workflow input with the launcher's code: goes when the
+    # launcher and the run config become vime/launcher/ and vime/config/ (issue 22, one RunConfig)
     ("vime.run_input", "vime.launch"),
-    ("vime.envs.base", "workflows.rollout"),
-    ("vime.envs.rollouts", "workflows.rollout"),
-    ("vime.envs.rollouts", "activities.rollout"),
-    ("vime.envs.rollouts", "activities.store_calls"),
-    ("vime.envs.coding_agent.workflow", "workflows.rollout"),
-    ("vime.envs.coding_agent.activities", "activities.heartbeat"),
-    ("vime.envs.coding_agent.activities", "activities.store_calls"),
-    ("vime.envs.coding_agent.sandbox_activities", "activities.store_calls"),
-    # removed when issue 22's D part lands (one typed RunConfig): the trainer group re-parses a
-    # run's flags through vime.run_args, which pulls in the flag parser and the environments
+    # the trainer group re-parses a run's flags through vime.run_args, which pulls in the flag
+    # parser and the environments: goes with one typed RunConfig read by run id
     ("vime.train.trainer_group", "vime.run_args"),
 }
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from vime.temporal.group_output import RolloutOutput
+    from vime.temporal.group_contract import RolloutOutput
     from vime.temporal.training_contract import PooledGroup
     from workflows.staleness import PACE, StalenessPolicy
 

@@ -27,55 +27,25 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, TypedSearchAttributes
 from temporalio.exceptions import ActivityError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
-    from vime.temporal.error_types import CONFIG_ERROR
-    from vime.temporal.group_output import RolloutOutput  # the group contract, below workflows/ (re-exported)
-    from vime.temporal.search_attributes import POLICY_VERSION, REWARD, ROLLOUT_ID, ROLLOUT_STATUS, RUN_ID
+    from vime.envs.contract import GroupInput, GroupOutput
+    from vime.envs.group_workflow import MEMO_PREVIEW_PATCH, finish_group, starting_search_attributes
+    from vime.envs.group_workflow import group_workflow_id as rollout_workflow_id
+    from vime.temporal.retry import CONFIG_ERROR, RETRY_MAX_INTERVAL, rollout_retry_policy
+    from vime.temporal.search_attributes import ROLLOUT_STATUS, RUN_ID
 
 GENERATE_GROUP = "generate_group"
-RETRY_MAX_INTERVAL = timedelta(seconds=10)
 
+# The single-turn groups' names for the group contract (`vime.envs.contract`), kept for the
+# training workflow and the activities that import them by these names.
+RolloutInput = GroupInput
+RolloutOutput = GroupOutput
 
-def rollout_retry_policy() -> RetryPolicy:
-    """Infra failures retry until the engine is back; configuration errors never retry."""
-    return RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-                       maximum_interval=RETRY_MAX_INTERVAL, maximum_attempts=0,
-                       non_retryable_error_types=[CONFIG_ERROR])
-
-
-@dataclass
-class RolloutInput:
-    run_id: str
-    step: int
-    position: int  # the data source's prompt position: group_index of the samples
-    weight_version: int
-    evaluation: bool = False
-    heartbeat_seconds: float = 60.0
-    local_activity: bool = False  # generate in the workflow's own worker (see RolloutWorkflow)
-    # For environments whose group workflow fans out (vime.envs): the run's settings it needs.
-    n_samples_per_prompt: int = 1
-    sandbox_task_queue: str = "vime-sandbox"
-
-
-MEMO_PREVIEW_PATCH = "memo-preview"  # groups recorded before the memo replay without it
-
-
-def rollout_workflow_id(run_id: str, position: int) -> str:
-    return f"{run_id}-rollout-{position}"
-
-
-def starting_search_attributes(inp: RolloutInput) -> TypedSearchAttributes:
-    """What a group's workflow is searchable by from its start (given by the parent at start: no
-    upsert, one visibility write fewer per group)."""
-    return TypedSearchAttributes([
-        RUN_ID.value_set(inp.run_id),
-        ROLLOUT_ID.value_set(str(inp.position)),
-        POLICY_VERSION.value_set(inp.weight_version),
-        ROLLOUT_STATUS.value_set("running"),
-    ])
+__all__ = ["CONFIG_ERROR", "GENERATE_GROUP", "MEMO_PREVIEW_PATCH", "RETRY_MAX_INTERVAL", "ROLLOUT_STEP",
+           "RolloutInput", "RolloutOutput", "RolloutStepInput", "RolloutStepOutput", "RolloutWorkflow",
+           "rollout_retry_policy", "rollout_workflow_id", "starting_search_attributes"]
 
 
 @workflow.defn(name="RolloutWorkflow")
@@ -101,14 +71,7 @@ class RolloutWorkflow:
                 # the training workflow cancelled it (stale, or the run ended)
                 workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("cancelled")])
             raise
-        updates = [ROLLOUT_STATUS.value_set(out.status if out.keep else "filtered")]
-        if out.reward_mean is not None:
-            updates.append(REWARD.value_set(out.reward_mean))
-        workflow.upsert_search_attributes(updates)
-        if out.preview is not None and workflow.patched(MEMO_PREVIEW_PATCH):
-            workflow.upsert_memo({"samples": out.preview})
-        out.preview = None
-        return out
+        return finish_group(out, status=out.status if out.keep else "filtered")
 
     async def _generate(self, inp: RolloutInput) -> RolloutOutput:
         if inp.local_activity:

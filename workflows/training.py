@@ -60,7 +60,7 @@ with workflow.unsafe.imports_passed_through():
     # passed-through helpers is not there (`RolloutStepOutput.groups: list[RolloutOutput]` failed
     # to decode, and a --rollout-function-path run hung). So every module whose dataclasses this
     # workflow receives is imported here.
-    import vime.temporal.group_output  # noqa: F401
+    import vime.temporal.group_contract  # noqa: F401
     import workflows.rollout  # noqa: F401
     import workflows.trainer_calls  # noqa: F401
     from workflows.steps import RECORD_METRICS, REGISTER_RUN, RunRegistration, StepMetrics

@@ -16,15 +16,11 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.errors import final_config_errors
-from activities.heartbeat import heartbeating
-from activities.store_calls import store_call
 from examples.multi_agent import roles, task
 from examples.multi_agent.flags import multi_agent_flags
 from examples.multi_agent.workflow import (REWRITER, SELECTOR, SOLVERS, STORE, MultiAgentRolloutInput,
                                            MultiAgentRolloutOutput, RoleOutput)
-from vime.envs.base import EnvContext, EnvWorkers
-from vime.envs.rollouts import prompt_group
+from vime.envs import EnvContext, EnvWorkers, final_config_errors, heartbeating, prompt_group, store_call
 from vime.rollout.sampling import params_for_sample, sampling_params_from_args
 from vime.store.queries import Turn
 from vime.types import RolloutRef, Sample

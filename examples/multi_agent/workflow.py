@@ -17,19 +17,17 @@ with its solvers only (an uneven fan-out, and an incorrect final answer).
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ApplicationError, ChildWorkflowError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
+    from vime.envs import GroupInput, GroupOutput
+    from vime.envs.group_workflow import fan_out_children, finish_group
+    from vime.temporal.retry import rollout_retry_policy
     from vime.temporal.search_attributes import POLICY_VERSION, REWARD, ROLLOUT_ID, ROLLOUT_STATUS, RUN_ID
     from vime.types import RolloutRef
-    from workflows.rollout import RolloutInput as GroupInput
-    from workflows.rollout import RolloutOutput as GroupOutput
-    from workflows.rollout import rollout_retry_policy
 
 SOLVERS = "multi_agent_solvers"
 REWRITER = "multi_agent_rewriter"
@@ -68,9 +66,6 @@ class MultiAgentRolloutOutput:
     correct: bool = False  # the selector picked a correct candidate
     roles: list[str] = field(default_factory=list)  # the role of each stored sample, in order
 
-
-def multi_agent_workflow_id(run_id: str, position: int, index: int) -> str:
-    return f"{run_id}-rollout-{position}-{index}"
 
 
 @workflow.defn(name="MultiAgentRolloutWorkflow")
@@ -117,26 +112,11 @@ class MultiAgentGroupWorkflow:
 
     @workflow.run
     async def run(self, inp: GroupInput) -> GroupOutput:
-        async def one(i: int) -> MultiAgentRolloutOutput:
-            try:
-                return await workflow.execute_child_workflow(
-                    MultiAgentRolloutWorkflow.run,
-                    MultiAgentRolloutInput(inp.run_id, inp.step, inp.position, i, inp.weight_version,
-                                           heartbeat_seconds=inp.heartbeat_seconds),
-                    id=multi_agent_workflow_id(inp.run_id, inp.position, i))
-            except ChildWorkflowError as e:  # infra failures retry inside; what reaches here is final
-                if is_cancelled_exception(e):
-                    raise
-                raise ApplicationError(f"multi-agent rollout {inp.position}-{i} failed: {_root_message(e)}",
-                                       type="ConfigError", non_retryable=True) from e
-
-        outs = await asyncio.gather(*(one(i) for i in range(inp.n_samples_per_prompt)))
-        out = summarize_group(inp.position, outs)
-        updates = [ROLLOUT_STATUS.value_set(out.status)]
-        if out.reward_mean is not None:
-            updates.append(REWARD.value_set(out.reward_mean))
-        workflow.upsert_search_attributes(updates)
-        return out
+        outs = await fan_out_children(
+            inp, MultiAgentRolloutWorkflow.run,
+            lambda i: MultiAgentRolloutInput(inp.run_id, inp.step, inp.position, i, inp.weight_version,
+                                             heartbeat_seconds=inp.heartbeat_seconds), "multi-agent")
+        return finish_group(summarize_group(inp.position, outs))
 
 
 def summarize_group(position: int, outs: list[MultiAgentRolloutOutput]) -> GroupOutput:
@@ -145,8 +125,3 @@ def summarize_group(position: int, outs: list[MultiAgentRolloutOutput]) -> Group
                        reward_mean=sum(rewards) / len(rewards) if rewards else None,
                        samples=sum(len(o.rollout.samples) for o in outs))
 
-
-def _root_message(error: BaseException) -> str:
-    while getattr(error, "cause", None) is not None or error.__cause__ is not None:
-        error = getattr(error, "cause", None) or error.__cause__
-    return getattr(error, "message", None) or str(error)

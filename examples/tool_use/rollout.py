@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from examples.tool_use.task import CODE_CLOSE, code_of, score
-from examples.tool_use.tool import ToolLimits, run_code
+from examples.tool_use.tool import CodeRun, ToolLimits, run_code
 from vime.types import Sample
 
 DEFAULT_BUDGET = 256
@@ -35,20 +35,6 @@ class ToolUseConfig:
     max_turns: int = 3  # model turns; code is run for all but the last
     budget: int = DEFAULT_BUDGET  # sampled + spliced response tokens
     limits: ToolLimits = ToolLimits()
-
-
-class TurnLog:
-    """A rollout's turns in the store: `read()` what earlier attempts finished, `append()` one more."""
-
-    def __init__(self, store: Any, run_id: str, rollout_id: str) -> None:
-        self.store, self.run_id, self.rollout_id = store, run_id, rollout_id
-
-    def read(self) -> list:
-        return self.store.read_turns(self.run_id, self.rollout_id)
-
-    def append(self, turn: int, token_ids: list[int], loss_mask: list[int], log_probs: list[float],
-               meta: dict) -> None:
-        self.store.append_turn(self.run_id, self.rollout_id, turn, token_ids, loss_mask, log_probs, meta)
 
 
 def replay(sample: Sample, turns: list) -> bool:
@@ -73,16 +59,18 @@ def reward(sample: Sample) -> float:
 
 
 Generate = Callable[[list[int], dict[str, Any]], Awaitable[Any]]  # (ids, params) -> GenerateOutput
+Tool = Callable[[Any, str, ToolLimits], Awaitable[CodeRun]]  # (sandbox, code, limits) -> what it did
 
 
 async def run_tool_rollout(sample: Sample, *, generate: Generate, tokenizer: Any, sandbox: Any,
                            params: dict[str, Any], config: ToolUseConfig, turn_log: Any | None = None,
-                           on_turn: Callable[[int], None] | None = None) -> Sample:
-    """Finish `sample` (its `tokens` hold the prompt's ids): replay the turns `turn_log` holds,
-    then sample, run and store the rest. Returns the sample with its response, loss mask and
+                           on_turn: Callable[[int], None] | None = None, tool: Tool = run_code) -> Sample:
+    """Finish `sample` (its `tokens` hold the prompt's ids): replay the turns `turn_log` (a
+    `vime.envs.TurnLog`) holds, then sample, run (`tool`: the hook that runs a code block) and
+    store the rest. Returns the sample with its response, loss mask and
     logprobs; its `metadata["turns"]` lists each turn's text and observation."""
     sample.response_length, sample.loss_mask, sample.rollout_log_probs = 0, [], []
-    stored = await _call(turn_log.read) if turn_log is not None else []
+    stored = await turn_log.read() if turn_log is not None else []
     done = replay(sample, stored)
     turn = sample.metadata["resumed_at"] = len(stored)
     while not done and turn < config.max_turns:
@@ -100,7 +88,7 @@ async def run_tool_rollout(sample: Sample, *, generate: Generate, tokenizer: Any
         code = code_of(text) if out.finish_reason == "stop" and turn + 1 < config.max_turns else None
         obs = ""
         if code is not None:
-            obs = (await run_code(sandbox, code, config.limits)).observation(config.limits)
+            obs = (await tool(sandbox, code, config.limits)).observation(config.limits)
             obs_ids = list(tokenizer.encode(obs, add_special_tokens=False))[:max(0, left - len(ids))]
             obs = tokenizer.decode(obs_ids, skip_special_tokens=False)
             ids, mask, logps = ids + obs_ids, mask + [0] * len(obs_ids), logps + [0.0] * len(obs_ids)
@@ -108,7 +96,7 @@ async def run_tool_rollout(sample: Sample, *, generate: Generate, tokenizer: Any
         meta = {"text": text, "observation": obs, "finish_reason": out.finish_reason, "done": done,
                 "status": status.value, "weight_versions": list(out.weight_versions)}
         if turn_log is not None:
-            await _call(turn_log.append, turn, ids, mask, logps, meta)
+            await turn_log.append(turn, ids, mask, logps, meta)
         replay(sample, [_Turn(ids, mask, logps, meta)])
         turn += 1
         if on_turn is not None:
@@ -126,9 +114,3 @@ class _Turn:
     log_probs: list[float]
     meta: dict
 
-
-async def _call(fn: Callable, *args: Any) -> Any:
-    """Store calls block (SQLite may wait for a lock): run them off the event loop."""
-    from activities.store_calls import store_call
-
-    return await store_call(fn, *args)

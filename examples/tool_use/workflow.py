@@ -15,16 +15,15 @@ the run with its line. What the model's code does is never a failure: it is an o
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from datetime import timedelta
 
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from vime.envs.base import GroupInput, GroupOutput
-    from vime.temporal.search_attributes import REWARD, ROLLOUT_STATUS
-    from workflows.rollout import rollout_retry_policy
+    from vime.envs import GroupInput, GroupOutput
+    from vime.envs.group_workflow import fan_out, finish_group
+    from vime.temporal.retry import rollout_retry_policy
 
 TOOL_USE_ROLLOUT = "tool_use_rollout"
 STORE_TOOL_USE_GROUP = "store_tool_use_group"
@@ -50,16 +49,10 @@ class ToolUseRolloutOutput:
 class ToolUseGroupWorkflow:
     @workflow.run
     async def run(self, inp: GroupInput) -> GroupOutput:
-        await asyncio.gather(*(workflow.execute_activity(
+        await fan_out(inp, lambda i: workflow.execute_activity(
             TOOL_USE_ROLLOUT, ToolUseRolloutInput(inp.run_id, inp.position, i, inp.weight_version),
             result_type=ToolUseRolloutOutput, start_to_close_timeout=timedelta(hours=2),
-            heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds), retry_policy=rollout_retry_policy())
-            for i in range(inp.n_samples_per_prompt)))
-        out = await workflow.execute_activity(
+            heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds), retry_policy=rollout_retry_policy()))
+        return finish_group(await workflow.execute_activity(
             STORE_TOOL_USE_GROUP, inp, result_type=GroupOutput, start_to_close_timeout=timedelta(minutes=10),
-            retry_policy=rollout_retry_policy())
-        updates = [ROLLOUT_STATUS.value_set(out.status)]
-        if out.reward_mean is not None:
-            updates.append(REWARD.value_set(out.reward_mean))
-        workflow.upsert_search_attributes(updates)
-        return out
+            retry_policy=rollout_retry_policy()))

@@ -14,9 +14,8 @@ from datetime import timedelta
 from temporalio import activity, workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.errors import final_config_errors
-    from vime.envs.base import Environment, EnvContext, EnvWorkers, GroupInput, GroupOutput, env_flag
-    from workflows.rollout import rollout_retry_policy
+    from vime.envs import (Environment, EnvContext, EnvWorkers, GroupInput, GroupOutput, env_flag, final_config_errors,
+                           finish_group, rollout_retry_policy)
 
 
 @dataclass
@@ -28,9 +27,9 @@ class ShoutFlags:
 class ShoutGroupWorkflow:
     @workflow.run
     async def run(self, inp: GroupInput) -> GroupOutput:
-        return await workflow.execute_activity(
+        return finish_group(await workflow.execute_activity(
             "shout_group", inp, result_type=GroupOutput, start_to_close_timeout=timedelta(minutes=10),
-            retry_policy=rollout_retry_policy())  # infra failures retry; a ConfigError ends the run
+            retry_policy=rollout_retry_policy()))  # infra failures retry; a ConfigError ends the run
 
 
 def capitals(text: str) -> float:
@@ -42,20 +41,21 @@ class ShoutActivities:
     def __init__(self, ctx: EnvContext) -> None:
         self.args, self.store = ctx.args, ctx.store
 
+    def reward(self, args, sample) -> float:
+        return args.env_args.shout_bonus * capitals(sample.response)
+
     @activity.defn(name="shout_group")
     @final_config_errors  # a ConfigError (a bad hook, bad data) ends the run with its line; the rest retries
     async def shout_group(self, inp: GroupInput) -> GroupOutput:
-        from vime.envs.rollouts import prompt_group, store_group, stored_group
-        from vime.rollout.group import run_group
+        from vime.envs import prompt_group, run_group, store_group, stored_group
 
         group = await prompt_group(self.args, inp.position)
         ids = [str(s.index) for s in group]
         if (done := await stored_group(self.store, inp, ids)) is not None:  # a retry after the write
             return done
-        rollouts = await run_group(self.args, group)  # generate (+ the run's --rm-type, replaced below)
+        rollouts = await run_group(self.args, group, reward=self.reward)  # generate, then its own reward
         for samples in rollouts:
             for s in samples:
-                s.reward = self.args.env_args.shout_bonus * capitals(s.response)
                 s.metadata["env"] = "shout"
         return await store_group(self.store, inp, dict(zip(ids, rollouts)))
 

@@ -1,25 +1,56 @@
-"""Rollout environments: find one by `--rollout-env`, and the pieces it names.
+"""The environment SDK: `from vime.envs import ...` is the one import an environment author needs.
 
-`--rollout-env` takes a built-in's name (`groups`, the default: single-turn prompt groups;
-`coding_agent`; the examples') or a module's dotted path; the module
-holds `ENVIRONMENT` (`vime.envs.base.Environment`). The flag parser loads it first, to add its
-flags; the rollout worker loads it again to register its workflows and activities; the training
-workflow only ever sees `Environment.group_workflow`, a registered workflow name.
+An environment is a module holding `ENVIRONMENT` (`Environment`: its group workflow, workflows,
+activities, flags); `--rollout-env` takes a built-in's name (`groups`, the default: single-turn
+prompt groups; `coding_agent`; the examples') or that module's dotted path. The flag parser
+loads it to add its flags; the rollout worker loads it again to register its workflows and
+activities; the training workflow only ever sees `Environment.group_workflow`, a registered
+workflow name, which it starts per prompt group with a `GroupInput` and which returns a
+`GroupOutput`. docs/environments.md walks through it.
+
+What this module offers, by where it runs:
+
+- declaring: `Environment`, `EnvContext`, `EnvWorkers`, `env_flag`; the contract `GroupInput`,
+  `GroupOutput`, `summarize`;
+- group workflows (`vime.envs.group_workflow`): `fan_out`, `fan_out_children`,
+  `execute_group_activity`, `finish_group`, `sample_workflow_id`, `rollout_retry_policy`;
+- activities (`vime.envs.rollouts`, `vime.temporal`): `group_activity` (a whole single-turn
+  group with the environment's own reward), `prompt_group`, `prompt_sample`, `store_group`,
+  `stored_group`, `TurnLog` (a multi-turn rollout's turns in the store),
+  `run_group`, `heartbeating`, `store_call`, `final_config_errors`;
+- sandboxes (`vime.sandbox`): `make_sandbox`, `run_program`, `ProgramResult`.
+
+Those past the first line load when first asked for: the flag parser imports this package, and
+temporalio's workflow module alone is most of a pre-start check's CPU.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import traceback
 from typing import Any
 
 from vime.envs.base import EnvContext, Environment, EnvWorkers, env_flag
+from vime.envs.contract import GroupInput, GroupOutput, summarize
 from vime.errors import ConfigError
 from vime.plugins import _import, load_function
 
+_LAZY = {
+    **dict.fromkeys(("fan_out", "fan_out_children", "execute_group_activity", "finish_group", "sample_workflow_id"),
+                    "vime.envs.group_workflow"),
+    **dict.fromkeys(("group_activity", "prompt_group", "prompt_sample", "store_group", "stored_group", "TurnLog"),
+                    "vime.envs.rollouts"),
+    **dict.fromkeys(("rollout_retry_policy", "final_config_errors", "CONFIG_ERROR"), "vime.temporal.retry"),
+    "heartbeating": "vime.temporal.heartbeat",
+    "store_call": "vime.temporal.store_calls",
+    "run_group": "vime.rollout.group",
+    **dict.fromkeys(("make_sandbox", "run_program", "ProgramResult"), "vime.sandbox"),
+}
+
 __all__ = ["BUILTIN", "EnvContext", "Environment", "EnvWorkers", "GroupInput", "GroupOutput", "env_flag",
-           "load_environment", "resolve", "workflow_classes"]
+           "load_environment", "resolve", "summarize", "workflow_classes", *_LAZY]
 
 BUILTIN = {
     "groups": "vime.envs.groups",
@@ -33,12 +64,13 @@ FLAG = "--rollout-env"
 
 
 def __getattr__(name: str) -> Any:
-    """`GroupInput`, `GroupOutput`: from `vime.envs.base`, which imports them when first asked for."""
-    if name not in ("GroupInput", "GroupOutput"):
+    """The SDK's heavier names (see the module docstring), imported when first asked for."""
+    module = _LAZY.get(name)
+    if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from vime.envs import base
-
-    return getattr(base, name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 def load_environment(spec: str, flag: str = FLAG) -> Environment:

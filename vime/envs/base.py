@@ -28,20 +28,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vime.envs.contract import GroupInput, GroupOutput
 
-def __getattr__(name: str) -> Any:
-    """`GroupInput` and `GroupOutput`, the group workflow's input and output, are the single-turn
-    groups' own (`workflows.rollout`): every recorded history of RolloutWorkflow stays valid, and
-    any environment is consumed as a group of rollout ids. Imported when first asked for, not
-    with this module: the flag parser imports it, and temporalio's workflow module is most of a
-    pre-start check's CPU (0.45 of 0.7 s)."""
-    if name in ("GroupInput", "GroupOutput"):
-        from workflows import rollout
-
-        value = rollout.RolloutInput if name == "GroupInput" else rollout.RolloutOutput
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["EnvContext", "EnvWorkers", "Environment", "GroupInput", "GroupOutput", "env_flag"]
 
 
 def env_flag(default: Any, help: str, **argparse_kwargs: Any) -> Any:

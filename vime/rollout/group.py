@@ -160,8 +160,9 @@ def _copy_reward(rollout: list[Sample], value: Any) -> None:
         s.reward = copy.deepcopy(value)
 
 
-async def score_rollouts(args: Any, rollouts: list[list[Sample]]) -> None:
-    """Fill the rewards the generate function left unset (see the module docstring for the rules)."""
+async def score_rollouts(args: Any, rollouts: list[list[Sample]], reward: Callable[..., Any] | None = None) -> None:
+    """Fill the rewards the generate function left unset (see the module docstring for the rules),
+    with `reward(args, sample)` when given (an environment's own), else the run's reward flags."""
     pending: list[list[Sample]] = []
     for rollout in rollouts:
         if _is_infra(rollout):
@@ -181,13 +182,15 @@ async def score_rollouts(args: Any, rollouts: list[list[Sample]]) -> None:
     if not pending:
         return
     try:
-        values = await group_rewards(args, [rollout[-1] for rollout in pending])
+        env_rm = None if reward is None else (reward, f"environment reward {hook_name(reward)}")
+        values = await group_rewards(args, [rollout[-1] for rollout in pending], env_rm)
     except SampleRewardError as exc:  # this rollout's (with --group-rm: these rollouts') reward failed
         line = str(exc)
         log.warning("rollout.reward.failed", error=line, rollouts=len(pending))
         for rollout in pending:
             for s in rollout:
-                _fail(s, line, f"--custom-rm-path {args.custom_rm_path!r}", line)
+                _fail(s, line, env_rm[1] if env_rm else f"--custom-rm-path {args.custom_rm_path!r}",
+                      line)
                 s.reward = None
         return
     except ServiceError as exc:
@@ -214,8 +217,12 @@ async def gather_or_cancel(coros: list[Any]) -> list[Any]:
 
 
 async def run_group(args: Any, group: list[Sample], *, evaluation: bool = False,
-                    sampling_params: dict[str, Any] | None = None) -> list[list[Sample]]:
+                    sampling_params: dict[str, Any] | None = None,
+                    reward: Callable[..., Any] | None = None) -> list[list[Sample]]:
     """Generate and score one prompt group; one list of siblings per input sample, in input order.
+
+    `reward(args, sample)` (sync or async) is an environment's own reward: it scores the group
+    instead of the run's reward flags, which then need not be set (`--group-rm` does not apply).
 
     `sampling_params` defaults to `sampling_params_from_args(args, evaluation)`; each sample gets
     its own copy with its seed. With `--group-rm` the reward function sees the whole group at
@@ -224,16 +231,21 @@ async def run_group(args: Any, group: list[Sample], *, evaluation: bool = False,
     """
     base = sampling_params if sampling_params is not None else sampling_params_from_args(args, evaluation)
     hook, source = _generate_hook(args)
-    group_rm = bool(args.group_rm)
+    group_rm = reward is None and bool(args.group_rm)
 
     async def one(sample: Sample) -> list[Sample]:
         params = params_for_sample(base, args, sample)
         siblings = await _generate_rollout(args, hook, source, sample, params, evaluation)
         if not group_rm:
-            await score_rollouts(args, [siblings])
+            await score_rollouts(args, [siblings], reward)
         return siblings
 
     rollouts = await gather_or_cancel([one(s) for s in group])
     if group_rm:
         await score_rollouts(args, rollouts)
     return rollouts
+
+
+def hook_name(fn: Callable[..., Any]) -> str:
+    """`module.qualname` of a function, for error lines."""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"

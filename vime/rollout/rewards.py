@@ -107,12 +107,12 @@ def reward_value(args: Any, reward: Any) -> float | None:
     return None if reward is None else float(reward)
 
 
-async def _call_user_rm(fn: Callable[..., Any], source: str, *args: Any) -> Any:
+async def _call_user_rm(fn: Callable[..., Any], source: str, *args: Any, env: bool = False) -> Any:
     rm_args = args[0]
     target = args[1] if len(args) > 1 else None
     which = (f" on sample {target.index}" if isinstance(target, Sample) and target.index is not None
              else f" on a batch of {len(target)} samples" if isinstance(target, list) else "")
-    label = hook_label("--custom-rm-path", rm_args.custom_rm_path or source)
+    label = source if env else hook_label("--custom-rm-path", rm_args.custom_rm_path or source)
     try:
         return await call_limited(fn, label, float(rm_args.custom_rm_timeout or 0), *args,
                                   run_id=rm_args.run_id)
@@ -126,6 +126,13 @@ async def _call_user_rm(fn: Callable[..., Any], source: str, *args: Any) -> Any:
             raise ServiceError(f"{source} could not reach its service: {type(exc).__name__}: {exc}{which}{where}") \
                 from exc
         raise SampleRewardError(f"{source} raised {type(exc).__name__}: {exc}{which}{where}") from exc
+
+
+async def env_reward(fn: Callable[..., Any], source: str, args: Any, sample: Sample) -> float | dict[str, Any]:
+    """Score one sample with an environment's own reward function, `fn(args, sample)` (sync or
+    async): the run's reward flags are not consulted. Its failures are a user reward's (a raise
+    or `--custom-rm-timeout` fails the sample, a non-number stops the run), named by `source`."""
+    return check_reward(await _call_user_rm(fn, source, args, sample, env=True), source)
 
 
 async def reward(args: Any, sample: Sample) -> float | dict[str, Any]:
@@ -171,11 +178,15 @@ def _check_batch(values: Any, n: int, source: str) -> list[float | dict[str, Any
     return [check_reward(v, source) for v in values]
 
 
-async def group_rewards(args: Any, samples: list[Sample]) -> list[float | dict[str, Any]]:
-    """Rewards for `samples`, in order: one batched call with `--group-rm` and a custom
-    function, else `reward` per sample, concurrently."""
+async def group_rewards(args: Any, samples: list[Sample], env_rm: tuple[Callable[..., Any], str] | None = None,
+                        ) -> list[float | dict[str, Any]]:
+    """Rewards for `samples`, in order: the environment's own function `env_rm` (fn, its name)
+    per sample when given, else one batched call with `--group-rm` and a custom function, else
+    `reward` per sample, concurrently."""
     if not samples:
         return []
+    if env_rm is not None:
+        return list(await asyncio.gather(*(env_reward(*env_rm, args, s) for s in samples)))
     custom = _custom_rm(args)
     if custom is not None and args.group_rm:
         fn, source = custom

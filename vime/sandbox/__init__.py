@@ -3,7 +3,8 @@
 `make_sandbox(args.sandbox_backend, repo_dir=...)` is how rollout code gets one, and
 `attach_sandbox(backend, sandbox_id, ...)` how a later activity gets a handle to one booted
 earlier; nothing else in vime names a backend class, so a new provider is one module plus one
-line in `BACKENDS`. See docs/sandbox-backends.md.
+line in `BACKENDS`. See docs/sandbox-backends.md. `run_program` runs a program in a fresh
+sandbox and grades it (passed / failed / error / timeout, with a reason): see `programs.py`.
 """
 
 from __future__ import annotations
@@ -21,39 +22,8 @@ from vime.sandbox.base import (
     SandboxError,
     SandboxGone,
 )
-from vime.errors import ConfigError
-
-BACKENDS: dict[str, str] = {
-    "bwrap": "vime.sandbox.bwrap:BwrapSandbox",
-    "e2b": "vime.sandbox.e2b:E2BSandbox",
-}
-"""`--sandbox-backend` name -> "module:Class". Imported lazily: the e2b SDK is optional."""
-
-
-def make_sandbox(backend: str, **kwargs: Any) -> Sandbox:
-    """A not-yet-booted sandbox of the named backend; `kwargs` go to its constructor."""
-    return _backend_class(backend)(**kwargs)
-
-
-async def attach_sandbox(backend: str, sandbox_id: str, **kwargs: Any) -> Sandbox:
-    """A handle to the running sandbox `sandbox_id`, booted earlier by this or another process.
-
-    `kwargs` are the ones the sandbox was made with (limits, `base_dir`, credentials). Raises
-    `SandboxGone` if it was destroyed, reaped or expired.
-    """
-    return await _backend_class(backend).attach(sandbox_id, **kwargs)
-
-
-def _backend_class(backend: str) -> type:
-    try:
-        target = BACKENDS[backend]
-    except KeyError:
-        raise ConfigError(
-            f"--sandbox-backend {backend!r}: unknown backend; choose one of {sorted(BACKENDS)}"
-        ) from None
-    module_name, _, cls_name = target.partition(":")
-    return getattr(importlib.import_module(module_name), cls_name)
-
+from vime.sandbox.backends import BACKENDS, attach_sandbox, make_sandbox
+from vime.sandbox.programs import OUTCOMES, ProgramResult, run_program
 
 def __getattr__(name: str) -> Any:
     if name in ("BwrapSandbox", "E2BSandbox"):
@@ -71,9 +41,12 @@ __all__ = [
     "CommandTimeout",
     "E2BSandbox",
     "ExecResult",
+    "OUTCOMES",
+    "ProgramResult",
     "Sandbox",
     "SandboxError",
     "SandboxGone",
     "attach_sandbox",
     "make_sandbox",
+    "run_program",
 ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vime.temporal.error_types import WORKER_LOST, failure_message, root_message  # noqa: F401 - the contract's
-from vime.temporal.group_output import RolloutOutput
+from vime.temporal.group_contract import GroupOutput as RolloutOutput
 
 TRAINING_WORKFLOW = "TrainingWorkflow"  # the registered workflow type (`temporal workflow start --type`)
 PROGRESS_QUERY = "progress"  # -> dict: step, num_rollout, phase, weight_version, metrics, notices, ...

@@ -23,9 +23,9 @@ from typing import Any
 
 from temporalio import activity
 
-from activities.heartbeat import heartbeating
+from vime.temporal.heartbeat import heartbeating
 from vime.envs.coding_agent.sandbox_activities import attach
-from activities.store_calls import store_call
+from vime.temporal.store_calls import store_call
 from vime.envs.base import EnvContext, EnvWorkers
 from vime.envs.coding_agent.config import shared_adapter
 from vime.envs.coding_agent.task import coding_task

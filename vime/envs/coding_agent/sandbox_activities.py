@@ -30,7 +30,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.store_calls import store_call
+from vime.temporal.store_calls import store_call
 from vime.envs.coding_agent.config import sandbox_options
 from vime.envs.coding_agent.flags import coding_flags
 from vime.envs.coding_agent.grading import grade_in_sandbox, task_test_files

@@ -34,16 +34,15 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import (ActivityError, ApplicationError, ChildWorkflowError, TimeoutError, TimeoutType,
-                                   is_cancelled_exception)
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
+    from vime.envs.contract import GroupInput, GroupOutput
+    from vime.envs.group_workflow import fan_out_children, finish_group, sample_workflow_id
     from vime.temporal.search_attributes import (FAILURE_CLASS, POLICY_VERSION, REWARD, ROLLOUT_ID,
                                                  ROLLOUT_STATUS, RUN_ID)
     from vime.types import RolloutRef
-    from workflows.rollout import RolloutInput as GroupInput
-    from workflows.rollout import RolloutOutput as GroupOutput
-    from vime.temporal.training_contract import root_message
+    from vime.temporal.error_types import root_message
 
 AGENT_TASK = "agent_task"
 AGENT_SESSION = "agent_session"
@@ -164,8 +163,7 @@ class AgentRolloutOutput:
     phases: list[str] = field(default_factory=list)
 
 
-def agent_workflow_id(run_id: str, position: int, index: int) -> str:
-    return f"{run_id}-rollout-{position}-{index}"
+agent_workflow_id = sample_workflow_id
 
 
 def _retry(attempts: int, *non_retryable: str) -> RetryPolicy:
@@ -375,27 +373,12 @@ class CodingAgentGroupWorkflow:
 
     @workflow.run
     async def run(self, inp: GroupInput) -> GroupOutput:
-        async def one(i: int) -> AgentRolloutOutput:
-            try:
-                return await workflow.execute_child_workflow(
-                    CodingAgentRolloutWorkflow.run,
-                    AgentRolloutInput(inp.run_id, inp.step, inp.position, i, inp.weight_version,
-                                      heartbeat_seconds=inp.heartbeat_seconds,
-                                      sandbox_task_queue=inp.sandbox_task_queue),
-                    id=agent_workflow_id(inp.run_id, inp.position, i))
-            except ChildWorkflowError as e:  # infra failures are stored inside; what reaches here is final
-                if is_cancelled_exception(e):  # the run is being cancelled: its sandbox was torn down
-                    raise
-                raise ApplicationError(f"agent rollout {inp.position}-{i} failed: {root_message(e)}",
-                                       type="ConfigError", non_retryable=True) from e
-
-        outs = await asyncio.gather(*(one(i) for i in range(inp.n_samples_per_prompt)))
-        out = summarize_agent_group(inp.position, outs)
-        updates = [ROLLOUT_STATUS.value_set(out.status)]  # the training workflow started it "running"
-        if out.reward_mean is not None:
-            updates.append(REWARD.value_set(out.reward_mean))
-        workflow.upsert_search_attributes(updates)
-        return out
+        outs = await fan_out_children(
+            inp, CodingAgentRolloutWorkflow.run,
+            lambda i: AgentRolloutInput(inp.run_id, inp.step, inp.position, i, inp.weight_version,
+                                        heartbeat_seconds=inp.heartbeat_seconds,
+                                        sandbox_task_queue=inp.sandbox_task_queue), "agent")
+        return finish_group(summarize_agent_group(inp.position, outs))  # it started "running"
 
 
 def summarize_agent_group(position: int, outs: list[AgentRolloutOutput]) -> GroupOutput:

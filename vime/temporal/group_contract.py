@@ -1,8 +1,13 @@
-"""What a finished prompt group returns to the training workflow (`RolloutOutput`).
+"""The group contract: what the training workflow hands an environment's group workflow
+(`GroupInput`) and what it gets back (`GroupOutput`).
 
-Lives below workflows/ because the training workflow's state carries it (`TrainingState.queued`,
+Every environment is consumed as a group of rollout ids: the samples travel through the store,
+only ids and this small summary through Temporal. It lives below workflows/ and vime/envs/
+because the training workflow's state carries a `GroupOutput` (`TrainingState.queued`,
 `vime.temporal.training_contract`), and the launcher, `vime config` and the ops commands read
-that state without importing workflow code. Standard library only: workflows import it.
+that state without importing workflow code. The single-turn groups' names `RolloutInput` and
+`RolloutOutput` are the same classes; recorded histories carry the fields, not the names.
+Standard library only: workflows import it.
 """
 
 from __future__ import annotations
@@ -11,7 +16,21 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class RolloutOutput:
+class GroupInput:
+    run_id: str
+    step: int
+    position: int  # the data source's prompt position: group_index of the samples
+    weight_version: int
+    evaluation: bool = False
+    heartbeat_seconds: float = 60.0
+    local_activity: bool = False  # generate in the workflow's own worker (see RolloutWorkflow)
+    # For environments whose group workflow fans out: the run's settings it needs.
+    n_samples_per_prompt: int = 1
+    sandbox_task_queue: str = "vime-sandbox"
+
+
+@dataclass
+class GroupOutput:
     """A finished group as the training workflow sees it: its rollout ids and a summary."""
 
     position: int
@@ -30,3 +49,7 @@ class RolloutOutput:
     # the start of its prompt and response. The group's workflow takes it off before returning,
     # so the training workflow's history never carries text.
     preview: list[dict] | None = None
+
+
+RolloutInput = GroupInput
+RolloutOutput = GroupOutput

@@ -1,0 +1,100 @@
+"""What every group workflow does around its environment's own steps: fan out one rollout per
+sample, and finish the group (its final status and reward as search attributes, its preview in
+the memo for the Web UI, the preview taken off what goes back to the training workflow).
+
+    @workflow.defn(name="MyGroupWorkflow")
+    class MyGroupWorkflow:
+        @workflow.run
+        async def run(self, inp: GroupInput) -> GroupOutput:
+            outs = await fan_out_children(inp, MyRolloutWorkflow.run, lambda i: MyRolloutInput(...), "my")
+            return finish_group(summarize_mine(inp.position, outs))
+
+Workflow code: call these from inside a workflow only. The training workflow starts every group
+with its run, rollout id, policy version and status "running" (`starting_search_attributes`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from temporalio import workflow
+from temporalio.common import TypedSearchAttributes
+from temporalio.exceptions import ApplicationError, ChildWorkflowError, is_cancelled_exception
+
+with workflow.unsafe.imports_passed_through():
+    from vime.envs.contract import GroupInput, GroupOutput
+    from vime.temporal.retry import CONFIG_ERROR, rollout_retry_policy, root_message
+    from vime.temporal.search_attributes import POLICY_VERSION, REWARD, ROLLOUT_ID, ROLLOUT_STATUS, RUN_ID
+
+T = TypeVar("T")
+
+MEMO_PREVIEW_PATCH = "memo-preview"  # groups recorded before the memo replay without it
+
+
+def group_workflow_id(run_id: str, position: int) -> str:
+    return f"{run_id}-rollout-{position}"
+
+
+def sample_workflow_id(run_id: str, position: int, index: int) -> str:
+    """The id of a group's `index`-th per-sample child workflow: stable, so a retried start never
+    duplicates it."""
+    return f"{run_id}-rollout-{position}-{index}"
+
+
+def starting_search_attributes(inp: GroupInput) -> TypedSearchAttributes:
+    """What a group's workflow is searchable by from its start (given by the parent at start: no
+    upsert, one visibility write fewer per group)."""
+    return TypedSearchAttributes([
+        RUN_ID.value_set(inp.run_id),
+        ROLLOUT_ID.value_set(str(inp.position)),
+        POLICY_VERSION.value_set(inp.weight_version),
+        ROLLOUT_STATUS.value_set("running"),
+    ])
+
+
+async def fan_out(inp: GroupInput, one: Callable[[int], Awaitable[T]]) -> list[T]:
+    """`one(i)` for every sample of the group (`inp.n_samples_per_prompt`), concurrently, in order."""
+    return list(await asyncio.gather(*(one(i) for i in range(inp.n_samples_per_prompt))))
+
+
+async def fan_out_children(inp: GroupInput, run: Callable[..., Any], make_input: Callable[[int], Any],
+                           what: str) -> list[Any]:
+    """One child workflow (`run`, e.g. `MyRolloutWorkflow.run`) per sample, with id
+    `sample_workflow_id`. A child that failed for good (its infra failures retry or are stored
+    inside it) fails the group with a non-retryable `ConfigError` naming the rollout and the root
+    cause; a cancellation goes on as one."""
+    async def one(i: int) -> Any:
+        try:
+            return await workflow.execute_child_workflow(run, make_input(i),
+                                                         id=sample_workflow_id(inp.run_id, inp.position, i))
+        except ChildWorkflowError as e:
+            if is_cancelled_exception(e):  # the run is being cancelled
+                raise
+            raise ApplicationError(f"{what} rollout {inp.position}-{i} failed: {root_message(e)}",
+                                   type=CONFIG_ERROR, non_retryable=True) from e
+
+    return await fan_out(inp, one)
+
+
+async def execute_group_activity(inp: GroupInput, name: str, timeout: timedelta = timedelta(hours=2)) -> GroupOutput:
+    """The activity `name` on the whole group (`GroupInput` in, `GroupOutput` out), heartbeating,
+    with the rollout retry policy (infra failures retry, a `ConfigError` ends the run)."""
+    return await workflow.execute_activity(name, inp, result_type=GroupOutput, start_to_close_timeout=timeout,
+                                           heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds),
+                                           retry_policy=rollout_retry_policy())
+
+
+def finish_group(out: GroupOutput, status: str | None = None) -> GroupOutput:
+    """The group's final status (`status`, default `out.status`) and mean reward as search
+    attributes; its preview (if the activity made one) in the memo, then off `out`."""
+    updates = [ROLLOUT_STATUS.value_set(status or out.status)]
+    if out.reward_mean is not None:
+        updates.append(REWARD.value_set(out.reward_mean))
+    workflow.upsert_search_attributes(updates)
+    if out.preview is not None and workflow.patched(MEMO_PREVIEW_PATCH):
+        workflow.upsert_memo({"samples": out.preview})
+    out.preview = None
+    return out
