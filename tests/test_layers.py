@@ -1,4 +1,4 @@
-"""The package's folders are its layers (DESIGN.md, "Layout"): a module imports only from its own
+"""The package's folders are its layers (docs/architecture.md, "Layers"): a module imports only from its own
 layer or below, and no two modules import each other, directly or round a circle.
 
 Every import counts: at module level, inside a function, under `if TYPE_CHECKING:`. A lazy import
@@ -32,9 +32,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("vime.train", "vime.testing"),
     ("vime.temporal",),
     ("vime.envs",),
-    # config: flags parsed and checked against everything below (DESIGN's target `vime/config/`)
+    # config: flags parsed and checked against everything below (to become `vime/config/`)
     ("vime.args", "vime.args_resolve", "vime.run_args", "vime.run_input", "vime.preflight", "vime.precision"),
-    # launcher: `vime train` and `vime smoke` (DESIGN's target `vime/launcher/`)
+    # launcher: `vime train` and `vime smoke` (to become `vime/launcher/`)
     ("vime.supervisor", "vime.recovery", "vime.follow", "vime.launch", "vime.smoke"),
     ("vime.ops",),
     ("vime.cli", "vime"),  # "vime" is the package's __init__ only: a new module must be placed

@@ -6,7 +6,7 @@ trainer) as supervised child processes. Then the `train-<run>` workflow is start
 is already running, followed; if it failed, started again from the last checkpoint — and its
 progress printed until it finishes.
 
-Durable to the edges (DESIGN.md, principle 7):
+Durable to the edges:
 - everything is checked before anything starts (`vime.preflight`);
 - one launcher per run directory (`vime.rundir`), which first stops whatever an earlier launch
   left running; every child dies with the launcher, even on SIGKILL (`vime.procguard`);

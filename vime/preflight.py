@@ -2,8 +2,8 @@
 
 Found later, a bad prompt file is a rollout worker crash-looping with the message in its log,
 and a missing checkpoint directory is vLLM's "Repo id must be in the form..." half a minute in.
-Found here, each is one `ConfigError` line on the console before any service starts
-(DESIGN.md, principle 10). Everything here is cheap: it reads the data files once, streamed
+Found here, each is one `ConfigError` line on the console before any service starts.
+Everything here is cheap: it reads the data files once, streamed
 (about 4.5 s of CPU per million JSONL rows), imports the hooks, and looks at directories; it loads no
 tokenizer and no model. `vime train` runs it before it imports the launcher (torch, vLLM, Temporal's
 workers: 30-70 s on a loaded machine), and checks `--vllm-*` flags (vLLM's parser) only after it,
