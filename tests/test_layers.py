@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("vime.temporal",),
     ("vime.envs",),
     # config: flags parsed and checked against everything below (to become `vime/config/`)
-    ("vime.args", "vime.args_resolve", "vime.run_args", "vime.run_input", "vime.preflight", "vime.precision"),
+    ("vime.flags", "vime.args", "vime.args_resolve", "vime.run_args", "vime.run_input", "vime.preflight", "vime.precision"),
     # launcher: `vime train` and `vime smoke` (to become `vime/launcher/`)
     ("vime.supervisor", "vime.recovery", "vime.follow", "vime.launch", "vime.smoke"),
     ("vime.ops",),

@@ -32,11 +32,10 @@ from typing import Any
 import torch
 
 from vime.errors import ConfigError
+from vime.train.estimators import ESTIMATORS, GROUP_ESTIMATORS
 from vime.train.flag_config import FromFlags
 from vime.types import Sample
 
-ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
-GROUP_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus_baseline")
 
 
 @dataclass

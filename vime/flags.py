@@ -1,0 +1,325 @@
+"""Every flag vime declares, as the fields of one typed dataclass, `VimeArgs`: the field is the
+flag, its type, default, help and group (`vime.args` builds the parser from them and parses).
+
+Why a plain (mutable) dataclass rather than a Namespace: hooks written for slime read
+`args.rollout_max_response_len` and sometimes set attributes of their own, so `VimeArgs` keeps
+attribute access and stays mutable, while the fields give types, defaults and one place to read.
+`VimeArgs.argv` keeps the command line, followed by the resolved `--run-id` and `--run-dir`, so
+another process (a worker, in any directory) gets the same run from `parse_args(args.argv)`.
+
+Standard library only (and the estimator names): parsing flags must stay cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from vime.train.estimators import ESTIMATORS
+
+GROUPS = {
+    "data": "Prompt data and how records map to samples.",
+    "rollout": "Generation: batch sizes, sampling parameters, rollout and generate hooks, evaluation.",
+    "reward": "Reward functions and reward services.",
+    "training": "Optimizer, batching and the FSDP2 trainer.",
+    "algorithm": "Advantages, clipping, KL and the loss.",
+    "checkpoint": "Where checkpoints are saved and loaded.",
+    "orchestration": "Temporal, task queues, the run directory and the sample store.",
+    "sandbox": "Sandboxes: where agents run their tools and rollouts are graded.",
+    "vLLM": (
+        "Rollout servers. Every `vllm serve` flag also works as --vllm-<flag> "
+        "(--vllm-max-model-len 4096, --vllm-enforce-eager, ...); only the ones you set are forwarded. "
+        "--vllm-model/--vllm-host/--vllm-port are set by vime."
+    ),
+    "router": (
+        "The vllm-router in front of the servers. Every router flag also works as --router-<flag> "
+        "(--router-balance-abs-threshold 32, ...); only the ones you set are forwarded."
+    ),
+}
+
+
+
+def _flag(group: str, default: Any, help: str, **argparse_kwargs: Any) -> Any:
+    """A `VimeArgs` field that is also a command-line flag (`--field-name` unless `flag=` says)."""
+    meta = {"help": help, "group": group, **argparse_kwargs}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+_data, _rollout, _reward, _training, _algorithm, _checkpoint, _orchestration, _sandbox, _vllm, _router = (
+    functools.partial(_flag, group) for group in GROUPS
+)
+
+
+def _json_object(raw: str) -> dict:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"invalid JSON {raw!r}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {raw!r}")
+    return value
+
+
+@dataclass
+class VimeArgs:
+    """Every `vime` setting, typed; attribute names are slime's argparse dests."""
+
+    # data
+    prompt_data: str | None = _data(None, "JSONL/Parquet prompt file.")
+    input_key: str = _data("input", "Record key of the prompt.")
+    label_key: str | None = _data(None, "Record key of the label.")
+    metadata_key: str = _data("metadata", "Record key of per-sample metadata.")
+    tool_key: str = _data("tools", "Record key of the tools given to the chat template.")
+    apply_chat_template: bool = _data(False, "Prompts are chat messages; render them with the template.")
+    apply_chat_template_kwargs: dict = _data({}, "JSON object of extra chat-template kwargs.", type=_json_object)
+    num_rollout: int | None = _data(None, "Number of rollout steps (default: from --num-epoch).")
+    num_epoch: int | None = _data(None, "Epochs over --prompt-data; ignored when --num-rollout is set.")
+    data_source_path: str | None = _data(None, "Custom data source class (dotted path).")
+    eval_prompt_data: list[str] | None = _data(None, "Eval sets as name path pairs: aime /data/aime.jsonl.")
+    sft_data: str | None = _data(
+        None, "`vime sft`: JSONL, one Sample.to_dict() per line; loss_mask marks the tokens to learn."
+    )
+
+    # rollout
+    hf_checkpoint: str | None = _rollout(None, "HF checkpoint: the policy's weights, config and tokenizer.")
+    rollout_function_path: str = _rollout(
+        "vime.rollout.vllm_rollout.generate_rollout",
+        "generate_rollout(args, rollout_id, data_source, evaluation=False).",
+    )
+    custom_generate_function_path: str | None = _rollout(
+        None, "async generate(args, sample, sampling_params[, evaluation]) -> Sample | list[Sample]."
+    )
+    custom_generate_timeout: float = _rollout(
+        900.0, "Seconds one --custom-generate-function-path call may take; past it the sample is FAILED "
+               "(timed out) and the run goes on (0: no limit).")
+    max_failed_sample_ratio: float = _rollout(
+        0.1, "Rate at which a hook may fail samples (raise or time out) before the run stops with the first "
+             "error: a step stops when its failures exceed this rate by more than chance allows (2.5 standard "
+             "deviations). A group with a failed sample is dropped whole and replaced (0: stop at the first "
+             "failure; 1: never stop, unless every sample fails).")
+    rollout_batch_size: int | None = _rollout(None, "Prompts per rollout step.")
+    n_samples_per_prompt: int = _rollout(1, "Responses per prompt (the group size).")
+    over_sampling_batch_size: int | None = _rollout(None, "Prompts per sampling round (default: rollout batch).")
+    rollout_max_response_len: int | None = _rollout(None, "max_tokens per response.")
+    rollout_max_prompt_len: int | None = _rollout(None, "Drop prompts longer than this many tokens.")
+    rollout_temperature: float = _rollout(1.0, "Sampling temperature (> 0).")
+    rollout_top_p: float = _rollout(1.0, "Sampling top-p.")
+    rollout_top_k: int = _rollout(-1, "Sampling top-k (-1: off).")
+    rollout_stop: list[str] | None = _rollout(None, "Stop strings.")
+    rollout_stop_token_ids: list[int] | None = _rollout(None, "Stop token ids.")
+    rollout_skip_special_tokens: bool = _rollout(False, "Strip special tokens from response text.")
+    rollout_seed: int = _rollout(42, "Seed for prompt shuffling and sampling.")
+    rollout_shuffle: bool = _rollout(False, "Shuffle prompts.")
+    dynamic_sampling_filter_path: str | None = _rollout(None, "Keep or drop a finished group (DAPO-style).")
+    buffer_filter_path: str | None = _rollout(None, "Pick groups from the buffer: list[list[Sample]] -> same.")
+    max_staleness: int = _rollout(0, "Weight versions a sample may lag the trainer by (0: on-policy).")
+    fully_async: bool = _rollout(
+        False, "Keep --max-concurrent-rollouts groups in flight at all times and build each step from groups "
+               "in the order they finish (within --max-staleness); also set by upstream's "
+               "--rollout-function-path vime.rollout.fully_async_rollout.generate_rollout_fully_async.")
+    max_concurrent_rollouts: int | None = _rollout(
+        None, "Fully async: prompt groups generating at once (default: --rollout-batch-size).")
+    staleness_control: str = _rollout(
+        "pace", "Fully async: pace (start no group that would exceed --max-staleness) or discard (keep the pool "
+                "full; drop and count groups past the bound).", choices=("pace", "discard"))
+    eval_function_path: str | None = _rollout(None, "Eval rollout function (default: --rollout-function-path).")
+    eval_interval: int | None = _rollout(None, "Evaluate every N rollout steps.")
+    n_samples_per_eval_prompt: int = _rollout(1, "Responses per eval prompt.")
+
+    # reward
+    custom_rm_path: str | None = _reward(None, "async rm(args, sample) -> float; with --group-rm samples -> list.")
+    custom_rm_timeout: float = _reward(
+        300.0, "Seconds one --custom-rm-path call may take; past it the sample is FAILED (timed out) and the "
+               "run goes on (0: no limit).")
+    group_rm: bool = _reward(False, "Call the reward function once per group.")
+    rm_type: str | None = _reward(None, "Built-in reward type.")
+    rm_url: str | None = _reward(None, "Reward service URL (for --rm-type remote_rm).")
+    reward_key: str | None = _reward(None, "Key of the reward when a reward function returns a dict.")
+
+    # training
+    lr: float = _training(1e-6, "Learning rate.")
+    min_lr: float = _training(0.0, "Floor of the decayed learning rate.")
+    lr_decay_style: str = _training("constant", "Learning-rate schedule.", choices=("constant", "linear", "cosine"))
+    lr_warmup_iters: int = _training(0, "Linear warmup steps.")
+    weight_decay: float = _training(0.0, "AdamW weight decay.")
+    adam_beta1: float = _training(0.9, "AdamW beta1.")
+    adam_beta2: float = _training(0.95, "AdamW beta2.")
+    clip_grad: float = _training(1.0, "Gradient-norm clip.")
+    global_batch_size: int | None = _training(
+        None, "Samples per optimizer step (default: rollout-batch-size x n-samples-per-prompt)."
+    )
+    micro_batch_size: int = _training(
+        1, "slime's samples per forward/backward. vime always packs micro-batches by tokens (--max-tokens-per-gpu), "
+           "so only 1 is accepted, or any value with --use-dynamic-batch-size, which ignores it as slime does.")
+    use_dynamic_batch_size: bool = _training(
+        False, "Pack micro-batches up to --max-tokens-per-gpu (which it then requires). vime always packs so; "
+               "the flag keeps slime command lines working and lets --micro-batch-size through.")
+    max_tokens_per_gpu: int | None = _training(
+        None, "Token budget of a packed micro-batch (default: 8192 on GPUs, 1024 on CPU).")
+    gradient_checkpointing: bool = _training(False, "Recompute activations in backward.")
+    seed: int = _training(1234, "Trainer seed.")
+    sft_num_steps: int | None = _training(
+        None, "`vime sft`: optimizer steps (default: --num-epoch passes over --sft-data, 1 if unset)."
+    )
+
+    # algorithm
+    advantage_estimator: str = _algorithm("grpo", "Advantage estimator.", choices=ESTIMATORS)
+    eps_clip: float = _algorithm(0.2, "PPO clip range.")
+    eps_clip_high: float | None = _algorithm(None, "Upper clip range (default: --eps-clip).")
+    eps_clip_c: float | None = _algorithm(
+        None, "Dual-clip: bound the loss of a negative advantage A by -A x this (> 1; default: off)."
+    )
+    kl_coef: float = _algorithm(
+        0.0, "KL penalty folded into the reward (REINFORCE++ estimators; for GRPO use --use-kl-loss)."
+    )
+    use_kl_loss: bool = _algorithm(False, "Add a KL-to-reference term to the loss (weight --kl-loss-coef).")
+    kl_loss_coef: float = _algorithm(0.0, "Weight of the KL loss term (with --use-kl-loss).")
+    kl_loss_type: str = _algorithm("k1", "KL estimator.", choices=("k1", "k2", "k3", "low_var_kl"))
+    entropy_coef: float = _algorithm(0.0, "Entropy bonus weight.")
+    use_tis: bool = _algorithm(
+        False, "Truncated importance sampling against rollout logprobs (on by default when the rollout servers "
+        "sample in another precision than the trainer: --vllm-dtype bfloat16 on CPU, fp8 on GPUs).",
+        action=argparse.BooleanOptionalAction)
+    tis_clip: float = _algorithm(2.0, "Upper clip of the TIS ratio (with --use-tis).")
+    tis_clip_low: float = _algorithm(0.0, "Lower clip of the TIS ratio (with --use-tis).")
+    use_mis: bool = _algorithm(
+        False, "Masked importance sampling: drop tokens whose trainer/rollout logprob ratio leaves [--mis-low, "
+        "--mis-high] from the policy loss; weight the others by that ratio (truncated by --tis-clip with --use-tis)."
+    )
+    mis_low: float = _algorithm(0.5, "Lower bound of the MIS ratio band (with --use-mis).")
+    mis_high: float = _algorithm(2.0, "Upper bound of the MIS ratio band (with --use-mis).")
+    loss_type: str = _algorithm("policy_loss", "Loss.", choices=("policy_loss", "sft_loss"))
+    normalize_advantages: bool = _algorithm(
+        False, "Whiten advantages over the rollout batch's loss tokens (required by the REINFORCE++ estimators)."
+    )
+    disable_grpo_std_normalization: bool = _algorithm(
+        False, "Do not divide GRPO/GSPO advantages by the group std (Dr. GRPO): advantage = reward - group mean."
+    )
+    use_opd: bool = _algorithm(
+        False, "On-policy distillation: each sampled token's advantage loses --opd-kl-coef x (student - teacher "
+        "logprob), its reverse KL to the teacher; samples carry teacher_log_probs (see examples/on_policy_distillation)."
+    )
+    opd_type: str | None = _reward(
+        None, "OPD: where teacher logprobs come from: vllm, a frozen teacher server scoring each rollout "
+        "(--custom-rm-path vime.rollout.on_policy_distillation.reward_func); slime's sglang means the same here "
+        "(default with --use-opd: vllm).", choices=("vllm", "sglang"))
+    opd_kl_coef: float = _algorithm(1.0, "Weight of the reverse KL to the teacher in the advantage (with --use-opd).")
+
+    # checkpoint
+    save: str | None = _checkpoint(None, "Checkpoint directory.")
+    save_interval: int | None = _checkpoint(None, "Save every N rollout steps.")
+    load: str | None = _checkpoint(None, "Resume from this directory (default: --save).")
+    ref_load: str | None = _checkpoint(
+        None, "HF checkpoint of the reference model for the KL terms (default: --hf-checkpoint)."
+    )
+
+    # orchestration
+    run_id: str | None = _orchestration(
+        None, "Run name; the same id resumes the run (default: --run-dir's name, else a timestamp)."
+    )
+    run_dir: str | None = _orchestration(None, "Run directory (default: runs/<run-id>).")
+    temporal_address: str | None = _orchestration(None, "Temporal host:port (default: start an embedded dev server).")
+    temporal_namespace: str = _orchestration("default", "Temporal namespace.")
+    rollout_task_queue: str = _orchestration("vime-rollout", "Queue of rollout workflows and light activities.")
+    sandbox_task_queue: str = _orchestration("vime-sandbox", "Queue of sandbox activities.")
+    trainer_task_queue: str = _orchestration(
+        "vime-trainer", "Queue where trainers announce themselves; each also serves its own queue."
+    )
+    heartbeat_timeout: float = _orchestration(
+        60.0, "Seconds without a heartbeat before a worker counts as dead and its activity is retried."
+    )
+    vllm_server_urls: list[str] | None = _orchestration(
+        None, "vLLM servers to push weights to (default: the ones vime starts).", nargs="+"
+    )
+    weight_sync_engine: str = _orchestration(
+        "file", "How the trainer pushes weights into the vLLM servers: file (a safetensors file in /dev/shm: "
+                "servers on the trainer's host) or collective (a gloo/NCCL broadcast to every server's workers; "
+                "the servers need --vllm-weight-transfer-config '{\"backend\": \"vime_collective\"}').",
+        choices=("file", "collective"),
+    )
+    update_weight_mode: str = _orchestration(
+        "full", "full: every sync sends all weights; delta: after a first full sync, only the elements whose "
+                "bits changed since the last one.", choices=("full", "delta")
+    )
+    update_weight_buffer_size: int = _orchestration(
+        64 << 20, "Bytes per broadcast bucket of --weight-sync-engine collective."
+    )
+    vllm_model_urls: list[str] | None = _orchestration(
+        None, "NAME=URL of each model a --vllm-config serves (default: the ones vime starts); a reward "
+              "function finds them in args.vllm_model_routers.", nargs="+"
+    )
+    store_url: str | None = _orchestration(None, "SQLAlchemy URL of the sample store (default: SQLite in run dir).")
+    continue_as_new_after_steps: int = _orchestration(
+        0, "Start a fresh training-workflow run (continue-as-new) every N steps, bounding its history "
+           "(0: when Temporal suggests it)."
+    )
+
+    rollout_env: str = _orchestration(
+        "groups", "Rollout environment: a built-in (groups: single-turn prompt groups; coding_agent; multi_agent; "
+                  "tool_use) or a module's dotted path whose ENVIRONMENT declares one (docs/environments.md). "
+                  "Its flags are listed by `vime train --rollout-env NAME --help`."
+    )
+    rollout_workflow: str | None = _orchestration(
+        None, "Before --rollout-env: RolloutWorkflow (= --rollout-env groups) or CodingAgentRolloutWorkflow "
+              "(= --rollout-env coding_agent).", choices=("RolloutWorkflow", "CodingAgentRolloutWorkflow"),
+    )
+
+    # sandbox
+    sandbox_backend: str = _sandbox("bwrap", "Sandbox backend: bwrap (local bubblewrap) or e2b.")
+    sandbox_workspace_mb: int = _sandbox(
+        1024, "bwrap: size cap of a sandbox's /workspace, MiB (a tmpfs mounted on the host: RAM); 0: an "
+              "uncapped host directory, which a worker that may not mount (not root) falls back to, warning once."
+    )
+    sandbox_tmp_mb: int = _sandbox(256, "bwrap: size cap of each command's private /tmp, MiB (RAM).")
+    sandbox_shm_mb: int = _sandbox(64, "bwrap: size cap of each command's private /dev/shm, MiB (RAM).")
+    sandbox_cpu_seconds: int = _sandbox(
+        600, "bwrap: CPU seconds each process of a sandboxed command may use (SIGXCPU past them), "
+             "beside its wall-clock timeout."
+    )
+    sandbox_max_concurrent: int = _sandbox(
+        0, "bwrap: sandboxed commands one worker process runs at once; the others wait, their timeout "
+           "not yet started (0: 4 per CPU core of the process, at least 8)."
+    )
+
+    # vLLM: vime's own --vllm-* flags, which take precedence over generated ones
+    vllm_config: str | None = _vllm(None, "YAML: server groups, models and per-group overrides.")
+    vllm_router_ip: str | None = _vllm(None, "Host that generate functions call: the router, or the one server.")
+    vllm_router_port: int | None = _vllm(None, "Port that generate functions call.")
+    vllm_num_servers: int = _vllm(1, "vLLM servers to start.")
+    engine_progress_timeout: float = _vllm(
+        60.0, "Seconds a generate request may go without any answer from vLLM before it counts as an "
+              "infrastructure failure (the rollout is retried)."
+    )
+    engine_host: str = _vllm("127.0.0.1", "`vime engine`: the address the server listens on.")
+    engine_port: int = _vllm(8000, "`vime engine`: the port the server listens on.")
+
+    # router
+    router_policy: str = _router("cache_aware", "Routing policy; consistent_hash keeps a session on one server.")
+
+    # derived, not flags
+    vllm_server_args: list[str] = field(default_factory=list)
+    router_args: list[str] = field(default_factory=list)
+    vllm_config_data: dict | None = None
+    vllm_model_routers: dict[str, str] = field(default_factory=dict)  # model name -> URL (its router or server)
+    tis_because: str = ""  # why --use-tis was turned on by default (vime.precision), for the console
+    low_precision_rollouts: bool = False  # the policy servers sample in another precision than the trainer
+    env_args: Any = None  # the environment's own flags (its Environment.flags dataclass), or None
+    argv: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def flag_fields() -> list[dataclasses.Field]:
+    """The `VimeArgs` fields that are command-line flags, in declaration order."""
+    return [f for f in dataclasses.fields(VimeArgs) if "group" in f.metadata]
+
+
+def _option(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
