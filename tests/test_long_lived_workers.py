@@ -248,6 +248,23 @@ def test_a_worker_reads_a_recorded_run_s_flags_and_keeps_its_own_connections(tmp
     assert runs.args("exp").n_samples_per_prompt == 8
 
 
+def test_an_environment_s_activities_read_the_run_s_config_and_a_long_lived_worker_serves_vime_s_environments(
+        tmp_path):
+    from vime.envs import EnvContext
+    from workers.rollout import served_environments
+
+    recorded = {"exp": ["--hf-checkpoint", "/models/a", "--rollout-env", "coding_agent", "--agent-max-turns", "3",
+                        "--run-id", "exp"]}
+    worker = worker_args(tmp_path)
+    ctx = EnvContext(worker, store=None, client=None, runs=RunArgs(worker, recorded.get))
+    args = asyncio.run(ctx.run_args("exp"))
+    assert (args.hf_checkpoint, args.env_args.agent_max_turns) == ("/models/a", 3)  # the run's, not the worker's
+    assert worker.hf_checkpoint is None
+    assert [e.name for e in served_environments(worker)] == ["groups", "coding_agent"]
+    own = worker_args(tmp_path, "--hf-checkpoint", "/models/own", "--rollout-env", "coding_agent")
+    assert [e.name for e in served_environments(own)] == ["coding_agent"]
+
+
 def test_a_worker_started_with_a_run_s_flags_uses_them_for_that_run(tmp_path):
     own = worker_args(tmp_path, "--hf-checkpoint", "/models/own", "--run-id", "mine")
     runs = RunArgs(own, lambda run_id: ["--hf-checkpoint", "/models/recorded", "--run-id", run_id])
