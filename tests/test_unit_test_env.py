@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from tests.conftest import engine_flags
 from tests.envs.unit_tests import reward
 from tests.runs import TrainRun
+from vime.args import VimeArgs
 from vime.envs import load_environment, workflow_classes
 from vime.rollout.group import score_rollouts
 from vime.sandbox import OUTCOMES, run_program
@@ -58,7 +58,7 @@ async def test_the_environments_reward_grades_the_last_code_block_and_records_wh
 
 
 async def test_an_environments_own_reward_needs_no_reward_flag():
-    args = SimpleNamespace()  # no --rm-type, --rm-url, --custom-rm-path
+    args = VimeArgs()  # no --rm-type, --rm-url, --custom-rm-path
     rollouts = [[Sample(index=0, response="x", status=Sample.Status.COMPLETED)]]
     await score_rollouts(args, rollouts, reward=lambda args, sample: 0.75)
     assert rollouts[0][0].reward == 0.75
@@ -69,7 +69,7 @@ async def test_an_environments_reward_that_raises_fails_its_sample_by_name():
         raise ValueError("no tests in the label")
 
     rollouts = [[Sample(index=0, response="x", status=Sample.Status.COMPLETED)]]
-    await score_rollouts(SimpleNamespace(), rollouts, reward=broken)
+    await score_rollouts(VimeArgs(), rollouts, reward=broken)
     sample = rollouts[0][0]
     assert sample.status == Sample.Status.FAILED and sample.reward is None
     assert "environment reward" in sample.metadata["hook_failure"] and "no tests in the label" in sample.metadata[
