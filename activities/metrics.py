@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from activities.store_calls import store_call
+from vime.temporal.store_calls import store_call
 from vime.metrics_log import MetricsLog
 from vime.run_args import RunArgs
 from workflows.steps import RECORD_METRICS, StepMetrics

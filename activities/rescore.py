@@ -12,9 +12,9 @@ from itertools import groupby
 
 from temporalio import activity
 
-from activities.errors import final_config_errors
-from activities.heartbeat import heartbeating
-from activities.store_calls import store_call
+from vime.temporal.retry import final_config_errors
+from vime.temporal.heartbeat import heartbeating
+from vime.temporal.store_calls import store_call
 from vime.errors import ConfigError
 from vime.ops.rescore import stored_run_config
 from vime.rollout.rewards import group_rewards

@@ -18,7 +18,7 @@ A group is stored whole or not at all: if any of its rollouts hit an infrastruct
 retryable `InfraFailure` after the engine answers again (or a bounded wait), so Temporal's retry
 generates the group anew on a live engine (same seeds, same draws). Configuration errors (a
 reward function that raised, a hook breaking the Sample contract) fail the activity for good
-(`activities.errors`). Store calls run in a thread: the worker's event loop also runs workflow
+(`vime.temporal.retry`). Store calls run in a thread: the worker's event loop also runs workflow
 tasks and heartbeats, and a write may wait for a lock.
 """
 
@@ -29,10 +29,10 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.errors import final_config_errors
-from activities.heartbeat import heartbeating
+from vime.temporal.retry import final_config_errors
+from vime.temporal.heartbeat import heartbeating
 from activities.hook_notices import watch_hooks
-from activities.store_calls import store_call
+from vime.temporal.store_calls import store_call
 from vime.engine.health import wait_until_healthy
 from vime.plugins import call_hook_async, load_hook
 from vime.rollout.data_source import make_data_source

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from temporalio import activity
 
-from activities.errors import final_config_errors
-from activities.store_calls import store_call
+from vime.temporal.retry import final_config_errors
+from vime.temporal.store_calls import store_call
 from vime.store import SampleStore
 from workflows.steps import RECORD_STEP, RECORDED_STEPS, RecordedStep, RecordedStepsInput, StepRecord
 

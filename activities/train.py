@@ -22,8 +22,8 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from activities.errors import final_config_errors
-from activities.heartbeat import heartbeating
+from vime.temporal.retry import final_config_errors
+from vime.temporal.heartbeat import heartbeating
 from vime.engine.weight_sync import live_weights
 from vime.engine.health import wait_until_healthy
 from vime.engine.weight_sync.sync import WeightSync

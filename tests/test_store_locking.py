@@ -1,5 +1,5 @@
 """A locked store waits instead of failing; reads never wait for a writer; async callers keep their loop
-(`activities.store_calls.store_call` runs the store off the event loop).
+(`vime.temporal.store_calls.store_call` runs the store off the event loop).
 
 The lock is what a chaos drill takes: another process runs `BEGIN EXCLUSIVE` on the run's
 SQLite file and holds it. Busy timeouts are made small here so that the lock outlasts them.
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from activities.store_calls import store_call
+from vime.temporal.store_calls import store_call
 from tests.test_store import RUN, random_sample, run_python
 from vime.errors import ConfigError
 from vime.store import (

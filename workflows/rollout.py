@@ -31,9 +31,8 @@ from temporalio.exceptions import ActivityError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from vime.envs.contract import GroupInput, GroupOutput
-    from vime.envs.group_workflow import MEMO_PREVIEW_PATCH, finish_group, starting_search_attributes
-    from vime.envs.group_workflow import group_workflow_id as rollout_workflow_id
-    from vime.temporal.retry import CONFIG_ERROR, RETRY_MAX_INTERVAL, rollout_retry_policy
+    from vime.envs.group_workflow import finish_group, starting_search_attributes
+    from vime.temporal.retry import rollout_retry_policy
     from vime.temporal.search_attributes import ROLLOUT_STATUS, RUN_ID
 
 GENERATE_GROUP = "generate_group"
@@ -42,10 +41,6 @@ GENERATE_GROUP = "generate_group"
 # training workflow and the activities that import them by these names.
 RolloutInput = GroupInput
 RolloutOutput = GroupOutput
-
-__all__ = ["CONFIG_ERROR", "GENERATE_GROUP", "MEMO_PREVIEW_PATCH", "RETRY_MAX_INTERVAL", "ROLLOUT_STEP",
-           "RolloutInput", "RolloutOutput", "RolloutStepInput", "RolloutStepOutput", "RolloutWorkflow",
-           "rollout_retry_policy", "rollout_workflow_id", "starting_search_attributes"]
 
 
 @workflow.defn(name="RolloutWorkflow")

@@ -32,8 +32,10 @@ with workflow.unsafe.imports_passed_through():
     from vime.temporal.training_contract import TrainingConfig, TrainingState
     from workflows.async_pool import NothingToTrain, PoolConfig, RolloutPool
     from workflows.failures import StepFailures
-    from workflows.rollout import (ROLLOUT_STEP, RolloutInput, RolloutOutput, RolloutStepInput, RolloutStepOutput,
-                                   rollout_retry_policy, rollout_workflow_id, starting_search_attributes)
+    from vime.envs.group_workflow import group_workflow_id as rollout_workflow_id
+    from vime.envs.group_workflow import starting_search_attributes
+    from vime.temporal.retry import rollout_retry_policy
+    from workflows.rollout import ROLLOUT_STEP, RolloutInput, RolloutOutput, RolloutStepInput, RolloutStepOutput
     from workflows.steps import RECORD_STEP, RECORDED_STEPS, RecordedStep, RecordedStepsInput, StepRecord
 
 HOOK_FAILURES_PATCH = "hook-failures"  # workflows recorded before failed groups were counted and replaced

@@ -15,7 +15,7 @@ agent after its last stored step. A step that was running when the worker died i
 sampled again: its tokens were never stored, and neither was anything that depended on them.
 
 `load` and `save` are synchronous store calls that can wait for the database's write lock:
-async code runs them in a thread (`activities.store_calls.store_call`), never on its event loop.
+async code runs them in a thread (`vime.temporal.store_calls.store_call`), never on its event loop.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ per-token columns), `rows` (Sample <-> columns), `engine` (URL, SQLite settings,
 transactions, waiting out a locked database), `migrate` (Alembic upgrade on open), `store`
 (the API, `SampleStore`), built from one mixin per job over `base` (open, close, transactions):
 `runs`, `samples` (with rescores), `steps` (step manifests) and `turns`. Async activities call
-it off their event loop with `activities.store_calls.store_call`.
+it off their event loop with `vime.temporal.store_calls.store_call`.
 """
 
 from vime.store.errors import (

@@ -19,7 +19,7 @@ exist (`ensure_run`) before anything is written under it, so a mistyped run id f
 A locked SQLite store is waited out (see `vime.store.engine`): a write blocked by another
 process's lock finishes once the lock is released, up to `lock_wait_s`.
 One `SampleStore` per process; it is safe to share between threads. Its calls block: from
-async code use `activities.store_calls.store_call`.
+async code use `vime.temporal.store_calls.store_call`.
 """
 
 from __future__ import annotations
