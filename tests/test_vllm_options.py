@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from vime.vllm_options import OptionTable
 
 
@@ -55,11 +57,9 @@ def test_a_typed_value_is_judged_by_the_servers_own_type_once_and_its_verdict_ke
     table = OptionTable(tmp_path / "table.json", build)
     check = table.checker(_option(table, "--max-model-len"))
     assert check("2k") == "2k"  # the user's string goes on, as typed
-    try:
+    with pytest.raises(argparse.ArgumentTypeError) as first:
         check("2x")
-        raise AssertionError("2x passed")
-    except argparse.ArgumentTypeError as exc:
-        first_error = str(exc)
+    first_error = str(first.value)
     assert "invalid value '2x'" in first_error
     calls = build.calls
 
@@ -67,11 +67,9 @@ def test_a_typed_value_is_judged_by_the_servers_own_type_once_and_its_verdict_ke
     later = OptionTable(tmp_path / "table.json", later_build)
     later_check = later.checker(_option(later, "--max-model-len"))
     assert later_check("2k") == "2k"
-    try:
+    with pytest.raises(argparse.ArgumentTypeError) as later_error:
         later_check("2x")
-        raise AssertionError("2x passed on the recorded verdict")
-    except argparse.ArgumentTypeError as exc:
-        assert str(exc) == first_error
+    assert str(later_error.value) == first_error
     assert later_build.calls == 0, "recorded verdicts need no parser"
     assert later_check("4k") == "4k" and later_build.calls == 1, "a value never seen is checked by the parser"
     assert calls >= 1
@@ -83,11 +81,8 @@ def test_an_untyped_choice_is_checked_without_the_parser(tmp_path):
     table = OptionTable(tmp_path / "table.json", build)
     check = table.checker(_option(table, "--dtype"))
     assert check("float32") == "float32"
-    try:
+    with pytest.raises(argparse.ArgumentTypeError, match="choose from auto, float32, bfloat16"):
         check("float8")
-        raise AssertionError("float8 passed")
-    except argparse.ArgumentTypeError as exc:
-        assert "choose from auto, float32, bfloat16" in str(exc)
     assert build.calls == 0
 
 
@@ -100,6 +95,17 @@ def test_an_unreadable_or_older_record_is_rebuilt_not_trusted(tmp_path):
     build = CountedBuild()
     assert OptionTable(path, build).options() and build.calls == 1
     assert json.loads(path.read_text())["format"] != 0
+
+
+def test_a_server_package_without_a_version_is_checked_without_a_record(tmp_path):
+    """No distribution metadata, no version to key a record by: the table lives in memory."""
+    build = CountedBuild()
+    table = OptionTable(None, build)
+    check = table.checker(_option(table, "--max-model-len"))
+    assert check("1k") == "1k" and check("1k") == "1k"
+    with pytest.raises(argparse.ArgumentTypeError):
+        check("1x")
+    assert not list(tmp_path.iterdir())
 
 
 PROBE = """

@@ -83,9 +83,9 @@ def vllm_option_table() -> OptionTable:
 @functools.cache
 def _table_for(sources: tuple[tuple[str, str], ...]) -> OptionTable:
     source = installed_source(sources)
-    if source is None:
-        vllm_actions()  # no source's package is installed: this raises the ImportError that says so
-        raise ImportError(f"none of {', '.join(m for m, _ in sources)} is installed")
+    if source is None:  # not installed (this raises the ImportError that says so), or without metadata
+        vllm_actions()
+        return OptionTable(None, lambda: vllm_actions()[0])  # no version to key a record by: memory only
     return OptionTable.for_source(source, lambda: vllm_actions()[0])
 
 

@@ -78,23 +78,29 @@ def installed_source(sources: Sequence[tuple[str, str]]) -> tuple[str, str, str]
                 continue
         except (ImportError, ValueError):
             continue
-        dists = importlib.metadata.packages_distributions().get(top) or []
-        versions = []
-        for dist in dists:
-            try:
-                versions.append(f"{dist}-{importlib.metadata.version(dist)}")
-            except importlib.metadata.PackageNotFoundError:
-                continue
+        versions = _versions_providing(top)
         if versions:
             return module_name, attr, "+".join(sorted(versions))
     return None
+
+
+def _versions_providing(top: str) -> list[str]:
+    """`name-version` of the installed distributions that provide package `top`: from their
+    `top_level.txt` (5 ms here), else from every distribution's file list
+    (`packages_distributions`, 260 ms: paid on every parse otherwise)."""
+    found = [f"{d.metadata['Name']}-{d.version}" for d in importlib.metadata.distributions()
+             if top in (d.read_text("top_level.txt") or "").split()]
+    if found:
+        return found
+    return [f"{name}-{importlib.metadata.version(name)}"
+            for name in importlib.metadata.packages_distributions().get(top) or []]
 
 
 class OptionTable:
     """The options of one installed vLLM and the verdicts on values checked so far, kept in a
     file; `build` gives vLLM's real parser actions when something is not recorded yet."""
 
-    def __init__(self, path: Path, build: Callable[[], tuple[argparse.Action, ...]]) -> None:
+    def __init__(self, path: Path | None, build: Callable[[], tuple[argparse.Action, ...]]) -> None:
         self.path = path
         self._build = build
         self._options: tuple[ServerOption, ...] | None = None
@@ -145,6 +151,8 @@ class OptionTable:
         return verdict
 
     def _load(self) -> None:
+        if self.path is None:
+            return
         try:
             data = json.loads(self.path.read_text())
             if data.get("format") != FORMAT:
@@ -158,7 +166,7 @@ class OptionTable:
         """Write the whole file anew and rename it into place: a reader sees the old file or the
         new one, never half of one (two launches at once may each drop the other's new verdict,
         which only costs a rebuild)."""
-        if self._options is None:
+        if self._options is None or self.path is None:
             return
         data = {"format": FORMAT, "options": [o.to_json() for o in self._options], "verdicts": self._verdicts}
         try:
