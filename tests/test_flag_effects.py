@@ -122,7 +122,7 @@ NOT_YET_EXERCISED = {
     "--metadata-key": "vime/rollout/dataset.py",
     "--tool-key": "vime/rollout/dataset.py",
     "--apply-chat-template-kwargs": "vime/rollout/generate.py",
-    "--staleness-control": "vime/launch.py",
+    "--staleness-control": "workflows/step_collection.py",  # into TrainingConfig by name (training_config_from)
     "--eval-function-path": "vime/preflight.py",
     "--eval-interval": "vime/args_resolve.py",
     "--weight-decay": "vime/train/trainer.py",

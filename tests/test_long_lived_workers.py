@@ -10,6 +10,7 @@ any worker (`RunArgs`), and a trainer is leased to one run at a time.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import subprocess
@@ -34,10 +35,33 @@ async def rm(args, sample):
 '''
 
 
+REWARD_MODEL = '''
+import json, os, aiohttp
+
+async def rm(args, sample):
+    """A second model's probability of its greedy token after the response, from the URL the run's
+    --vllm-model-urls names "reward" (the worker was given none)."""
+    url = args.vllm_model_routers["reward"]
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url + "/v1/models") as r:
+            model = (await r.json())["data"][0]["id"]
+        body = {"model": model, "prompt": (sample.response or "") + " ok", "max_tokens": 1, "temperature": 0,
+                "logprobs": 1}
+        async with http.post(url + "/v1/completions", json=body) as r:
+            r.raise_for_status()
+            logprob = (await r.json())["choices"][0]["logprobs"]["token_logprobs"][0]
+    with open(os.environ["REWARD_CALLS"], "a") as f:
+        f.write(json.dumps({"url": url, "router": [args.vllm_router_ip, args.vllm_router_port]}) + "\\n")
+    return 2.718281828 ** logprob
+'''
+
+
 @pytest.mark.vllm
-def test_two_runs_from_vime_config_json_train_on_workers_started_once(training_server, tiny_model_dir, tmp_path):
-    """... and then serve more: two bad runs fail in one line each, leaving the trainer free for a
-    third run, which `vime cancel` stops with its rollouts in flight."""
+def test_two_runs_from_vime_config_json_train_on_workers_started_once(training_server, tiny_model_dir, tmp_path,
+                                                                      sandbox_base):
+    """... and then serve more: a coding-agent run and a `--vllm-config` run whose reward calls a
+    second model, on the same workers; two bad runs fail in one line each, leaving the trainer
+    free for a last run, which `vime cancel` stops with its rollouts in flight."""
     from vime.testing.tiny_model import tiny_model_dir as build_tiny_model
 
     model_b = build_tiny_model(seed=1)  # same architecture and tokenizer, other weights
@@ -52,13 +76,16 @@ def test_two_runs_from_vime_config_json_train_on_workers_started_once(training_s
     write_prompts(tmp_path / "prompts.jsonl", 8)
     (tmp_path / "reward_b.py").write_text(REWARD_B)
     env = {**os.environ, "MODEL_A": str(tiny_model_dir), "MODEL_B": str(model_b), "VIME_LOG_FORMAT": "json",
-           "VIME_LOG_LEVEL": "WARNING"}
+           "VIME_LOG_LEVEL": "WARNING", "TMPDIR": str(sandbox_base),  # the agent's bubblewrap sandboxes
+           "REWARD_CALLS": str(tmp_path / "reward_calls.jsonl")}
     t0 = time.monotonic()
     with bash_script(tmp_path, start_temporal + script, env) as (proc, log):
         proc.wait(timeout=900)
         out = log.read_text()
         if proc.returncode == 0:  # the same workers serve more runs: two bad ones, then one `vime cancel` stops
             pool = Pool(tmp_path, temporal_port, training_server.port, tiny_model_dir)
+            agent = a_coding_agent_run(pool)
+            two_models = a_vllm_config_run_whose_reward_calls_a_second_model(pool)
             bad_runs_fail_in_one_line_and_free_the_trainer(pool)
             cancelled = cancel_a_run_in_flight(pool)
     assert proc.returncode == 0, out[-4000:]
@@ -72,6 +99,16 @@ def test_two_runs_from_vime_config_json_train_on_workers_started_once(training_s
     for run in ("exp-a", "exp-b"):  # each run's metrics in its own run directory
         assert (tmp_path / "runs" / run / "metrics.jsonl").read_text().count("\n") == 2
     print(f"\n[long-lived workers] two runs trained in {time.monotonic() - t0:.0f} s")
+    assert agent.returncode == 0 and "COMPLETED" in agent.stdout, agent.stdout[-2000:]
+    with SampleStore.open(f"sqlite:///{tmp_path}/runs/vime.db") as store:
+        graded = [s.metadata.get("grade") for s in store.read_step_samples("exp-agent", 0)]
+        assert graded and all(g and g["outcome"] for g in graded), graded  # the agent's rollouts, graded
+        assert two_models.returncode == 0 and "COMPLETED" in two_models.stdout, two_models.stdout[-2000:]
+        assert store.trained_counts("exp-rm") == {0: 8}
+    calls = [json.loads(line) for line in (tmp_path / "reward_calls.jsonl").read_text().splitlines()]
+    port = training_server.port  # the reward model under another name than the actor's: the run's URLs, not a worker's
+    assert calls and {c["url"] for c in calls} == {f"http://localhost:{port}"}, calls[:3]
+    assert {tuple(c["router"]) for c in calls} == {("127.0.0.1", port)}  # generate: the actor's URL
     assert re.fullmatch(r"run exp-c: canceled \(train-exp-c and the rollouts.*\n", cancelled["stdout"]), cancelled
     assert cancelled["status"] == "CANCELED"
     # the rollouts in flight were cancelled (with their cleanup), not terminated with the parent
@@ -88,15 +125,17 @@ class Pool:
         self.address = f"127.0.0.1:{temporal_port}"
         self.bin = tmp_path / ".venv" / "bin"
 
-    def start(self, run_id: str, *flags: str) -> None:
-        """`vime config` (the README's flags, `flags` on top) > RUN.json; `temporal workflow start`."""
+    def start(self, run_id: str, *flags: str, router: bool = True) -> None:
+        """`vime config` (the README's flags, `flags` on top; without `router`, no --vllm-router-*)
+        > RUN.json; `temporal workflow start`."""
+        routes = ["--vllm-router-ip", "127.0.0.1", "--vllm-router-port", str(self.engine_port)] if router else []
         config = subprocess.run(
             [str(self.bin / "vime"), "config", "--run-id", run_id, "--hf-checkpoint", str(self.model),
              "--prompt-data", str(self.tmp_path / "prompts.jsonl"), "--input-key", "prompt", "--label-key", "label",
              "--rm-type", "exact_match", "--rollout-batch-size", "2", "--n-samples-per-prompt", "4",
              "--rollout-max-response-len", "8", "--num-rollout", "2",
-             "--store-url", f"sqlite:///{self.tmp_path}/runs/vime.db", "--vllm-router-ip", "127.0.0.1",
-             "--vllm-router-port", str(self.engine_port), "--vllm-server-urls", f"http://127.0.0.1:{self.engine_port}",
+             "--store-url", f"sqlite:///{self.tmp_path}/runs/vime.db", *routes,
+             "--vllm-server-urls", f"http://127.0.0.1:{self.engine_port}",
              *flags], cwd=self.tmp_path, capture_output=True, text=True, check=True)
         (self.tmp_path / f"{run_id}.json").write_text(config.stdout)
         subprocess.run([str(self.bin / "temporal"), "workflow", "start", "--address", self.address, "--type",
@@ -121,6 +160,36 @@ class Pool:
                     pass
             return found
         return asyncio.run(describe())
+
+
+def a_coding_agent_run(pool: Pool) -> subprocess.CompletedProcess[str]:
+    """A coding-agent run (one task, two agent rollouts of two short turns) on the same workers:
+    its task, session, sandboxes and grading read the run's flags, which only its JSON carries."""
+    from examples.coding_agent_rl.gold_edits import write_prompts
+    from examples.coding_agent_rl.tasks.prepare import load_tasks
+
+    tasks = write_prompts(load_tasks()[:1], pool.tmp_path / "tasks.jsonl")
+    pool.start("exp-agent", "--rollout-env", "coding_agent", "--prompt-data", str(tasks), "--rollout-batch-size", "1",
+               "--n-samples-per-prompt", "2", "--num-rollout", "1", "--agent-max-turns", "2", "--agent-max-tokens", "16",
+               "--agent-command-timeout", "20")
+    return pool.result("exp-agent")
+
+
+def a_vllm_config_run_whose_reward_calls_a_second_model(pool: Pool) -> subprocess.CompletedProcess[str]:
+    """A `--vllm-config` run (an actor and a frozen reward model) on servers already running, named
+    by `--vllm-model-urls`: generation goes to the actor's, the reward function calls the reward
+    model's. Both names point at the suite's one server (no new server in CI), the reward model's
+    as `localhost`, so the URL the reward function used can only be the run's."""
+    port = pool.engine_port
+    (pool.tmp_path / "rm_model.py").write_text(REWARD_MODEL)
+    (pool.tmp_path / "serving.yaml").write_text(
+        f"vllm:\n  - name: actor\n    server_groups: [{{worker_type: regular, num_gpus: 1}}]\n"
+        f"  - name: reward\n    model_path: {pool.model}\n    update_weights: false\n"
+        f"    server_groups: [{{worker_type: regular, num_gpus: 1}}]\n")
+    pool.start("exp-rm", "--vllm-config", str(pool.tmp_path / "serving.yaml"), "--custom-rm-path", "rm_model.rm",
+               "--num-rollout", "1", "--vllm-model-urls", f"actor=http://127.0.0.1:{port}",
+               f"reward=http://localhost:{port}", router=False)
+    return pool.result("exp-rm")
 
 
 def bad_runs_fail_in_one_line_and_free_the_trainer(pool: Pool) -> None:
@@ -177,6 +246,23 @@ def test_a_worker_reads_a_recorded_run_s_flags_and_keeps_its_own_connections(tmp
     assert runs.args("exp") is args  # parsed once while the flags stay the same
     recorded["exp"] = [*recorded["exp"], "--n-samples-per-prompt", "8"]  # the run restarted with other flags
     assert runs.args("exp").n_samples_per_prompt == 8
+
+
+def test_an_environment_s_activities_read_the_run_s_config_and_a_long_lived_worker_serves_vime_s_environments(
+        tmp_path):
+    from vime.envs import EnvContext
+    from workers.rollout import served_environments
+
+    recorded = {"exp": ["--hf-checkpoint", "/models/a", "--rollout-env", "coding_agent", "--agent-max-turns", "3",
+                        "--run-id", "exp"]}
+    worker = worker_args(tmp_path)
+    ctx = EnvContext(worker, store=None, client=None, runs=RunArgs(worker, recorded.get))
+    args = asyncio.run(ctx.run_args("exp"))
+    assert (args.hf_checkpoint, args.env_args.agent_max_turns) == ("/models/a", 3)  # the run's, not the worker's
+    assert worker.hf_checkpoint is None
+    assert [e.name for e in served_environments(worker)] == ["groups", "coding_agent"]
+    own = worker_args(tmp_path, "--hf-checkpoint", "/models/own", "--rollout-env", "coding_agent")
+    assert [e.name for e in served_environments(own)] == ["coding_agent"]
 
 
 def test_a_worker_started_with_a_run_s_flags_uses_them_for_that_run(tmp_path):

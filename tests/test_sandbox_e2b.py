@@ -375,7 +375,7 @@ async def test_boot_sandbox_run_twice_with_one_key_leaves_one_vm(repo: Path, tmp
         assert first.task_queue == retry.task_queue == "sbx-host-1"
         assert first.sandbox_id != retry.sandbox_id
         assert [f"e2b-{i}" for i in sdk.AsyncSandbox.live] == [retry.sandbox_id]
-        assert acts.booted == {retry.sandbox_id}
+        assert set(acts.booted) == {retry.sandbox_id}
         assert await env.run(acts.teardown_sandbox, SandboxRef(retry.sandbox_id, retry.task_queue))
     assert sdk.AsyncSandbox.live == {}
 

@@ -257,7 +257,7 @@ async def test_boot_sandbox_run_twice_with_one_key_leaves_one_workdir_and_no_bwr
         assert _processes_mentioning(marker) == []
         with pytest.raises(SandboxGone):
             await running
-        assert acts.booted == {retry.sandbox_id}
+        assert set(acts.booted) == {retry.sandbox_id}
         sbx = await attach_sandbox("bwrap", retry.sandbox_id)
         assert (await sbx.exec("git tag")).stdout == "vime-base\n"  # booted all the way: base committed
         assert await env.run(acts.teardown_sandbox, SandboxRef(retry.sandbox_id, retry.task_queue))

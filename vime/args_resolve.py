@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 from typing import Any
 
 from vime.errors import ConfigError
@@ -124,7 +125,11 @@ def resolve(args: Any) -> None:
         from vime.args_forward import CHECKED_ENV
         from vime.engine.topology import topology_of
 
-        topology_of(args, check_overrides=os.environ.get(CHECKED_ENV) != "1")  # a bad file fails here
+        topology = topology_of(args, check_overrides=os.environ.get(CHECKED_ENV) != "1")  # a bad file fails here
+        served = args.vllm_model_routers.get(topology.rollout_model.name)
+        if served and not (args.vllm_router_ip or args.vllm_router_port):  # the servers run already (a
+            url = urlsplit(served)  # cluster, `vime engine --vllm-config`): generate calls the rollout model's
+            args.vllm_router_ip, args.vllm_router_port = url.hostname, url.port or 80
 
 
 def _model_urls(pairs: list[str]) -> dict[str, str]:

@@ -55,7 +55,7 @@ from vime.supervisor import LAUNCH_ID, Supervisor, WorkerProcess
 from vime.temporal.client import temporal_service
 from vime.train.checkpoint import latest_checkpoint, read_state
 from vime.temporal.training_contract import (TRAINER_LOST_SIGNAL, TRAINING_WORKFLOW, TrainingConfig, TrainingInput,
-                                             TrainingState, failure_message)
+                                             TrainingState, failure_message, training_config_from)
 
 log = get_logger(__name__)
 
@@ -113,21 +113,14 @@ def initial_state(args) -> TrainingState:
 
 
 def training_config(args) -> TrainingConfig:
-    return TrainingConfig(
-        run_id=args.run_id, num_rollout=args.num_rollout, rollout_batch_size=args.rollout_batch_size,
-        over_sampling_batch_size=args.over_sampling_batch_size or args.rollout_batch_size,
-        trainer_task_queue=args.trainer_task_queue, max_staleness=args.max_staleness,
-        save=str(Path(args.save).resolve()) if args.save else None, save_interval=args.save_interval,
+    """`TrainingConfig` from the parsed flags: the fields named like a flag by name, these by hand."""
+    return training_config_from(
+        vars(args), over_sampling_batch_size=args.over_sampling_batch_size or args.rollout_batch_size,
+        save=str(Path(args.save).resolve()) if args.save else None,
         trainer_heartbeat_seconds=args.heartbeat_timeout, rollout_heartbeat_seconds=args.heartbeat_timeout,
         custom_rollout_function=args.rollout_function_path != DEFAULT_ROLLOUT_FUNCTION,
-        rollout_task_queue=args.rollout_task_queue,
         rollout_workflow=load_environment(args.rollout_env).group_workflow,
-        n_samples_per_prompt=args.n_samples_per_prompt, sandbox_task_queue=args.sandbox_task_queue,
-        continue_as_new_after_steps=args.continue_as_new_after_steps,
-        fully_async=args.fully_async, max_concurrent_rollouts=args.max_concurrent_rollouts or 0,
-        staleness_control=args.staleness_control, max_failed_sample_ratio=args.max_failed_sample_ratio,
-        run_argv=list(args.argv),
-    )
+        max_concurrent_rollouts=args.max_concurrent_rollouts or 0, run_argv=list(args.argv))
 
 
 _ENDED = {WorkflowExecutionStatus.FAILED: "failed", WorkflowExecutionStatus.TERMINATED: "was terminated",

@@ -123,13 +123,15 @@ def check_checkpoint(args: Any) -> None:
 
 
 def check_serving(args: Any) -> None:
-    """`--vllm-config` describes servers vime starts: it cannot go with servers the user runs, and
-    each model it serves is a checkpoint directory."""
+    """`--vllm-config` describes servers vime starts: it cannot go with servers the user runs unless
+    `--vllm-model-urls` names the running servers of its models (then the rollout model's is the
+    router generate calls), and each model it serves is a checkpoint directory."""
     if args.vllm_config is None:
         return
-    if args.vllm_router_ip or args.vllm_router_port:
+    if (args.vllm_router_ip or args.vllm_router_port) and not args.vllm_model_urls:
         raise ConfigError(f"--vllm-config {args.vllm_config!r} describes servers vime starts, --vllm-router-ip/"
-                          "--vllm-router-port point at servers you run: pass one of them")
+                          "--vllm-router-port point at servers you run: pass one of them (or name every model's "
+                          "running servers with --vllm-model-urls NAME=URL)")
     from vime.engine.topology import topology_of
 
     topology = topology_of(args)

@@ -5,9 +5,11 @@ coding agent's sandbox queues) and the generate activities every run uses.
     python -m workers.rollout <vime flags> --temporal-address HOST:PORT    # one run's worker
     python -m workers.rollout --store-url URL --temporal-address HOST:PORT  # any run's (long-lived)
 
-Generation reads each run's config by run id (`vime.run_args`). An environment's activities use
-the worker's own flags: a run with an environment other than `groups` has its workers started
-with its flags.
+Every activity reads its run's config by run id (`vime.run_args`; environments through
+`EnvContext.run_args`): the worker's own flags give its connections and queues. A worker started
+with a run's flags serves that run's environment; a long-lived one (connections only) serves the
+environments in vime (`LONG_LIVED_ENVS`) and the one its `--rollout-env` names, so a coding-agent
+run starts on it from the JSON of `vime config` like any other.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from activities.rollout import RolloutActivities
 from activities.steps import StepActivities
 from vime.agent.shared_adapter import close_shared_adapters
 from vime.args import parse_args_or_exit
-from vime.envs import EnvContext, load_environment, resolve, workflow_classes
+from vime.envs import EnvContext, Environment, load_environment, resolve, workflow_classes
 from vime.rollout.generate import close_engine_clients
 from vime.rollout.tokenization import get_tokenizer
 from vime.store import SampleStore
 from vime.temporal.build_id import code_build_id
+from vime.run_args import serves_own_run
 from workers.common import (announce, connect_from_args, ensure_run, run_until_signalled, run_worker,
                             setup_logging)
 from workflows.rollout import RolloutWorkflow
@@ -40,6 +43,16 @@ ROLLOUT_ACTIVITY_SLOTS = 256
 ROLLOUT_LOCAL_ACTIVITY_SLOTS = 512
 ROLLOUT_WORKFLOW_TASK_SLOTS = 512
 
+LONG_LIVED_ENVS = ("groups", "coding_agent")  # the environments vime ships (the examples' run from the repository)
+
+
+def served_environments(args) -> list[Environment]:
+    """The environments whose workflows and activities this worker registers: its run's, or, on a
+    long-lived worker, vime's own plus `--rollout-env`'s."""
+    names = [args.rollout_env] if serves_own_run(args) else [*LONG_LIVED_ENVS, args.rollout_env]
+    return [load_environment(name) for name in dict.fromkeys(names)]
+
+
 async def serve(args) -> None:
     client = await connect_from_args(args, "rollout")
     if args.hf_checkpoint:  # the first load takes seconds: not inside an activity's event loop
@@ -49,15 +62,19 @@ async def serve(args) -> None:
         acts = RolloutActivities(args, store)
         activities = [acts.register_run, acts.generate_group, acts.generate_rollout_step, *StepActivities(store).all(),
                       MetricsActivities(acts.runs).record_metrics]
-        env = load_environment(args.rollout_env)
+        envs = served_environments(args)
         if args.sandbox_backend == "bwrap":  # any environment's sandboxes (agent
             from vime.sandbox.bwrap import reap_stale_workdirs  # sessions, tool calls) left by a
             reap_stale_workdirs()  # worker killed with SIGKILL: gone before this one boots its own
         workflows = [TrainingWorkflow, RolloutWorkflow]
-        workflows += [w for w in workflow_classes(env) if w not in workflows]
-        extra = resolve(env.activities, "activities", env)(EnvContext(args, store, client)) if env.activities else None
-        workers = list(extra.workers) if extra else []
-        activities += extra.activities if extra else []
+        context = EnvContext(args, store, client, runs=acts.runs)
+        extras = []
+        for env in envs:
+            workflows += [w for w in workflow_classes(env) if w not in workflows]
+            if env.activities:
+                extras.append(resolve(env.activities, "activities", env)(context))
+        workers = [w for extra in extras for w in extra.workers]
+        activities += [a for extra in extras for a in extra.activities]
         workers.insert(0, Worker(client, task_queue=args.rollout_task_queue, workflows=workflows,
                                  activities=activities, max_concurrent_activities=ROLLOUT_ACTIVITY_SLOTS,
                                  max_concurrent_local_activities=ROLLOUT_LOCAL_ACTIVITY_SLOTS,
@@ -67,8 +84,9 @@ async def serve(args) -> None:
         try:
             await run_until_signalled(workers)
         finally:  # each step bounded: a stopping worker must exit, and its sandboxes go first
-            if extra is not None and extra.close is not None:  # the environment's sandboxes go first
-                await asyncio.wait_for(extra.close(), 60)
+            for extra in extras:  # the environments' sandboxes go first
+                if extra.close is not None:
+                    await asyncio.wait_for(extra.close(), 60)
             await asyncio.wait_for(close_shared_adapters(), 15)  # agent sessions and agent generate hooks
             await asyncio.wait_for(close_engine_clients(), 15)
 

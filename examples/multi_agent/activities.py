@@ -47,15 +47,17 @@ def turn_sample(turn: Turn) -> Sample:
 
 
 class MultiAgentActivities:
-    def __init__(self, ctx: EnvContext) -> None:
-        self.args, self.store = ctx.args, ctx.store
-        self.flags = multi_agent_flags(ctx.args)
+    """Each activity works for the run its input names, with that run's config (`ctx.run_args`)."""
 
-    async def _base(self, inp: MultiAgentRolloutInput) -> tuple[Sample, dict[str, Any]]:
-        """The rollout's data-source sample and its sampling parameters (seeded by its index)."""
-        base = (await prompt_group(self.args, inp.position))[inp.index]
+    def __init__(self, ctx: EnvContext) -> None:
+        self.ctx, self.store = ctx, ctx.store
+
+    async def _base(self, inp: MultiAgentRolloutInput) -> tuple[Any, Sample, dict[str, Any]]:
+        """The run's args, the rollout's data-source sample and its sampling parameters (seeded by its index)."""
+        args = await self.ctx.run_args(inp.run_id)
+        base = (await prompt_group(args, inp.position))[inp.index]
         base.session_id = f"{inp.run_id}-{base.index}"
-        return base, params_for_sample(sampling_params_from_args(self.args), self.args, base)
+        return args, base, params_for_sample(sampling_params_from_args(args), args, base)
 
     async def _stored(self, inp: MultiAgentRolloutInput, base: Sample) -> dict[int, Sample]:
         turns = await store_call(self.store.read_turns, inp.run_id, str(base.index))
@@ -76,12 +78,12 @@ class MultiAgentActivities:
     @activity.defn(name=SOLVERS)
     @final_config_errors  # a ConfigError ends the run with its line; the rest retries
     async def solvers(self, inp: MultiAgentRolloutInput) -> RoleOutput:
-        base, params = await self._base(inp)
-        k = self.flags.num_solvers
+        args, base, params = await self._base(inp)
+        k = multi_agent_flags(args).num_solvers
         done = {t: s for t, s in (await self._stored(inp, base)).items() if t < k}
         if len(done) < k:
             async with heartbeating():
-                turns = await roles.solvers(self.args, base, params, k, done)
+                turns = await roles.solvers(args, base, params, k, done)
             await self._save(inp, base, [s for s in turns if s.metadata["turn"] not in done])
             done = {s.metadata["turn"]: s for s in turns}
         return self._output("solver", base, [done[t] for t in range(k)])
@@ -89,24 +91,24 @@ class MultiAgentActivities:
     @activity.defn(name=REWRITER)
     @final_config_errors
     async def rewriter(self, inp: MultiAgentRolloutInput) -> RoleOutput:
-        base, params = await self._base(inp)
-        k = self.flags.num_solvers
+        args, base, params = await self._base(inp)
+        k = multi_agent_flags(args).num_solvers
         stored = await self._stored(inp, base)
         if k not in stored:
             async with heartbeating():
-                stored[k] = await roles.rewriter(self.args, base, params, [stored[t] for t in range(k)])
+                stored[k] = await roles.rewriter(args, base, params, [stored[t] for t in range(k)])
             await self._save(inp, base, [stored[k]])
         return self._output("rewriter", base, [stored[k]])
 
     @activity.defn(name=SELECTOR)
     @final_config_errors
     async def selector(self, inp: MultiAgentRolloutInput) -> RoleOutput:
-        base, params = await self._base(inp)
-        k = self.flags.num_solvers
+        args, base, params = await self._base(inp)
+        k = multi_agent_flags(args).num_solvers
         stored = await self._stored(inp, base)
         if k + 1 not in stored:
             async with heartbeating():
-                stored[k + 1] = await roles.selector(self.args, base, params, [stored[t] for t in range(k)],
+                stored[k + 1] = await roles.selector(args, base, params, [stored[t] for t in range(k)],
                                                      stored[k])
             await self._save(inp, base, [stored[k + 1]])
         return self._output("selector", base, [stored[k + 1]])
@@ -116,11 +118,11 @@ class MultiAgentActivities:
     async def store_rollout(self, inp: MultiAgentRolloutInput) -> MultiAgentRolloutOutput:
         """The stored turns as the rollout's samples, rewarded, written once (a retry gets the
         stored refs back)."""
-        base, _ = await self._base(inp)
-        rollout_id = str(base.index)
+        args, base, _ = await self._base(inp)
+        flags, rollout_id = multi_agent_flags(args), str(base.index)
         stored = await self._stored(inp, base)
         samples = [stored[t] for t in sorted(stored)]
-        correct = task.assign_rewards(samples, self.flags.correct_reward_weight, self.flags.incorrect_reward_weight)
+        correct = task.assign_rewards(samples, flags.correct_reward_weight, flags.incorrect_reward_weight)
         for s in samples:
             s.rollout_id = rollout_id
             s.metadata["weight_version"] = inp.weight_version

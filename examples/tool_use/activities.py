@@ -31,22 +31,23 @@ class ToolUseActivities:
 
     def __init__(self, ctx: EnvContext, engine: Any = None, reward: Callable[[Any], float] = reward,
                  tool: Tool = run_code) -> None:
-        self.args, self.store, self.reward, self.tool = ctx.args, ctx.store, reward, tool
+        self.ctx, self.store, self.reward, self.tool = ctx, ctx.store, reward, tool
         self.engine = engine or get_engine_client
 
     @activity.defn(name="tool_use_rollout")
     @final_config_errors
     async def tool_use_rollout(self, inp: ToolUseRolloutInput) -> ToolUseRolloutOutput:
-        sample = await prompt_sample(self.args, inp.position, inp.index)
-        rid, config, engine = str(sample.index), tool_use_config(self.args), self.engine(self.args)
+        args = await self.ctx.run_args(inp.run_id)
+        sample = await prompt_sample(args, inp.position, inp.index)
+        rid, config, engine = str(sample.index), tool_use_config(args), self.engine(args)
 
         async def generate(ids: list[int], params: dict) -> Any:
             return await engine.generate(ids, params, session_id=f"{inp.run_id}-{rid}")
 
-        async with heartbeating(), tool_sandbox(self.args.sandbox_backend, config.limits) as sandbox:
+        async with heartbeating(), tool_sandbox(args.sandbox_backend, config.limits) as sandbox:
             sample = await run_tool_rollout(
-                sample, generate=generate, tokenizer=tokenizer_for(self.args), sandbox=sandbox,
-                params=params_for_sample(sampling_params_from_args(self.args), self.args, sample), config=config,
+                sample, generate=generate, tokenizer=tokenizer_for(args), sandbox=sandbox,
+                params=params_for_sample(sampling_params_from_args(args), args, sample), config=config,
                 turn_log=TurnLog(self.store, inp.run_id, rid), on_turn=activity.heartbeat, tool=self.tool)
         meta = sample.metadata
         return ToolUseRolloutOutput(rid, len(meta.get("turns", [])), meta["tool_calls"], meta["resumed_at"])
@@ -54,12 +55,13 @@ class ToolUseActivities:
     @activity.defn(name="store_tool_use_group")
     @final_config_errors
     async def store_tool_use_group(self, inp: GroupInput) -> GroupOutput:
-        ids = [str(s.index) for s in await prompt_group(self.args, inp.position)]
+        args = await self.ctx.run_args(inp.run_id)
+        ids = [str(s.index) for s in await prompt_group(args, inp.position)]
         if (done := await stored_group(self.store, inp, ids)) is not None:  # a retry after the write
             return done
         rollouts = {}
         for index, rid in enumerate(ids):
-            sample = await prompt_sample(self.args, inp.position, index)
+            sample = await prompt_sample(args, inp.position, index)
             if not (turns := await TurnLog(self.store, inp.run_id, rid).read()):
                 raise ConfigError(f"tool_use: rollout {rid} of group {inp.position} has no stored turn")
             sample.response_length, sample.loss_mask, sample.rollout_log_probs = 0, [], []

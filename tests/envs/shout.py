@@ -39,7 +39,7 @@ def capitals(text: str) -> float:
 
 class ShoutActivities:
     def __init__(self, ctx: EnvContext) -> None:
-        self.args, self.store = ctx.args, ctx.store
+        self.ctx, self.store = ctx, ctx.store
 
     def reward(self, args, sample) -> float:
         return args.env_args.shout_bonus * capitals(sample.response)
@@ -49,11 +49,12 @@ class ShoutActivities:
     async def shout_group(self, inp: GroupInput) -> GroupOutput:
         from vime.envs import prompt_group, run_group, store_group, stored_group
 
-        group = await prompt_group(self.args, inp.position)
+        args = await self.ctx.run_args(inp.run_id)  # the run's flags: one worker serves many runs
+        group = await prompt_group(args, inp.position)
         ids = [str(s.index) for s in group]
         if (done := await stored_group(self.store, inp, ids)) is not None:  # a retry after the write
             return done
-        rollouts = await run_group(self.args, group, reward=self.reward)  # generate, then its own reward
+        rollouts = await run_group(args, group, reward=self.reward)  # generate, then its own reward
         for samples in rollouts:
             for s in samples:
                 s.metadata["env"] = "shout"

@@ -44,11 +44,25 @@ def env_flag(default: Any, help: str, **argparse_kwargs: Any) -> Any:
 
 @dataclass
 class EnvContext:
-    """What an environment's `activities` factory gets in a rollout worker."""
+    """What an environment's `activities` factory gets in a rollout worker.
 
-    args: Any  # the run's VimeArgs; the environment's own flags are `args.env_args`
+    One worker serves many runs, so an activity reads the config of the run it works for, by the
+    run id its input carries: `args = await ctx.run_args(inp.run_id)` (the environment's own
+    flags are `args.env_args`). `ctx.args` is the worker's: its connections and queues."""
+
+    args: Any  # the worker's VimeArgs (its store, Temporal address, task queues)
     store: Any  # the worker's SampleStore
     client: Any  # the Temporal client (for extra workers on the environment's own queues)
+    runs: Any = None  # vime.run_args.RunArgs: each run's config by run id (None: the worker's flags are the run's)
+
+    async def run_args(self, run_id: str) -> Any:
+        """Run `run_id`'s `VimeArgs`, as its workflow recorded them (cached per worker until they
+        change); read in a store thread. A `ConfigError` names a run nobody recorded."""
+        if self.runs is None:
+            return self.args
+        from vime.temporal.store_calls import store_call
+
+        return await store_call(self.runs.args, run_id)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 store its rollouts once, the summary the training workflow reads, and (single-turn) the whole
 group activity with the environment's own reward.
 
+    args = await ctx.run_args(inp.run_id)                    # the run's config, by its id
     group = await prompt_group(args, inp.position)          # the n fresh samples of the prompt
     ... fill each sample: tokens, response, loss_mask, rollout_log_probs, reward ...
     return await store_group(store, inp, {str(s.index): [s] for s in group})
@@ -31,15 +32,16 @@ from vime.temporal.retry import final_config_errors
 from vime.temporal.store_calls import store_call
 from vime.types import Sample
 
-_sources: dict[int, Any] = {}
+_sources: dict[int, tuple[Any, Any]] = {}  # id(args) -> (args, its data source): one per run's config
 
 
 async def prompt_group(args: Any, position: int) -> list[Sample]:
-    """The `--n-samples-per-prompt` fresh samples of the prompt at `position` (deterministic)."""
-    source = _sources.get(id(args))
-    if source is None:
-        source = _sources[id(args)] = await store_call(make_data_source, args)
-    return source.prompt_group(position)
+    """The `--n-samples-per-prompt` fresh samples of the prompt at `position` (deterministic), from
+    the data source of `args` (a run's config: `EnvContext.run_args`)."""
+    kept = _sources.get(id(args))
+    if kept is None or kept[0] is not args:  # an id is reused once its args are gone
+        kept = _sources[id(args)] = (args, await store_call(make_data_source, args))
+    return kept[1].prompt_group(position)
 
 
 async def store_group(store: Any, inp: GroupInput, rollouts: Mapping[str, Sequence[Sample]],
@@ -80,12 +82,13 @@ def group_activity(name: str, ctx: EnvContext, reward: Callable[..., Any] | None
     activity retries; a `ConfigError` fails it for good."""
     from vime.rollout.group import run_group
 
-    args, store = ctx.args, ctx.store
+    store = ctx.store
 
     @activity.defn(name=name)
     @final_config_errors
     async def generate(inp: GroupInput) -> GroupOutput:
         async with heartbeating():  # the store calls too: a write may wait for SQLite's lock
+            args = await ctx.run_args(inp.run_id)
             group = await prompt_group(args, inp.position)
             ids = [str(s.index) for s in group]
             if (done := await stored_group(store, inp, ids)) is not None:

@@ -10,7 +10,9 @@ it inside the sandbox.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from vime.temporal.error_types import WORKER_LOST, failure_message, root_message  # noqa: F401 - the contract's
 from vime.temporal.group_contract import GroupOutput as RolloutOutput
@@ -46,6 +48,19 @@ class TrainingConfig:
     local_activities: bool = True  # each group generated as a local activity of its workflow (cheaper)
     max_failed_sample_ratio: float = 0.1  # a step's share of samples a hook may fail (workflows.failures)
     run_argv: list[str] = field(default_factory=list)  # the run's flags: workers read its config (run_args)
+
+
+NO_FLAG = ("max_filter_rounds", "local_activities")
+"""`TrainingConfig` fields that no flag sets: their defaults hold (tests and benches set them)."""
+
+
+def training_config_from(flags: Mapping[str, Any], **derived: Any) -> TrainingConfig:
+    """The workflow's config from the parsed flags (`vars(args)`): every field named like a flag
+    takes that flag's value, `derived` gives the rest (fields computed from flags), `NO_FLAG`
+    keep their defaults. A field that is none of these (a flag renamed) is a `KeyError` at the
+    first `vime config` or launch, not a silent default."""
+    names = [f.name for f in fields(TrainingConfig) if f.name not in derived and f.name not in NO_FLAG]
+    return TrainingConfig(**{name: flags[name] for name in names}, **derived)
 
 
 @dataclass

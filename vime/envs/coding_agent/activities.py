@@ -19,7 +19,6 @@ the worker's event loop, which sends this and every other activity's heartbeats.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from temporalio import activity
 
@@ -27,6 +26,7 @@ from vime.temporal.heartbeat import heartbeating
 from vime.envs.coding_agent.sandbox_activities import attach
 from vime.temporal.store_calls import store_call
 from vime.envs.base import EnvContext, EnvWorkers
+from vime.envs.rollouts import prompt_group
 from vime.envs.coding_agent.config import shared_adapter
 from vime.envs.coding_agent.task import coding_task
 from vime.agent.fanout import trajectory_to_samples
@@ -35,9 +35,7 @@ from vime.sandbox.git import capture_diff, restore_diff
 from vime.errors import ConfigError
 from vime.log import get_logger
 from vime.temporal.build_id import code_build_id
-from vime.rollout.data_source import make_data_source
 from vime.rollout.tokenization import get_tokenizer
-from vime.store import SampleStore
 from vime.types import RolloutRef, Sample
 from vime.envs.coding_agent.workflow import (AgentRolloutInput, AgentRolloutOutput, AgentTask, SessionInput,
                                     SessionOutput, StoreInput)
@@ -58,19 +56,22 @@ def _failure_class(inp: StoreInput) -> str:
 
 
 class CodingAgentActivities:
-    def __init__(self, args: Any, store: SampleStore) -> None:
-        self.args = args
-        self.store = store
-        self.data_source = make_data_source(args)
+    """Each activity works for the run its input names, with that run's config (`ctx.run_args`):
+    its data, model, router and `--agent-*` flags. The worker's own flags give only its queues."""
+
+    def __init__(self, ctx: EnvContext) -> None:
+        self.ctx = ctx
+        self.store = ctx.store
 
     # ---- the task --------------------------------------------------------------------------
 
     @activity.defn(name="agent_task")
     async def agent_task(self, inp: AgentRolloutInput) -> AgentTask:
-        group = self.data_source.prompt_group(inp.position)
+        args = await self.ctx.run_args(inp.run_id)
+        group = await prompt_group(args, inp.position)
         if not 0 <= inp.index < len(group):
             raise ConfigError(f"sample {inp.index} of prompt group {inp.position}: the group has {len(group)}")
-        return task_from_sample(group[inp.index], Path(self.args.prompt_data or ".").resolve().parent)
+        return task_from_sample(group[inp.index], Path(args.prompt_data or ".").resolve().parent)
 
     # ---- the session -----------------------------------------------------------------------
 
@@ -78,14 +79,15 @@ class CodingAgentActivities:
     async def agent_session(self, inp: SessionInput) -> SessionOutput:
         from vime.envs.coding_agent.session import run_session  # the harnesses import the anthropic SDK
 
-        sbx = await attach(self.args, inp.sandbox_id)
+        args = await self.ctx.run_args(inp.run_id)
+        sbx = await attach(args, inp.sandbox_id)
         recorder = TrajectoryRecorder(self.store, inp.run_id, inp.task.rollout_id)
         restored = await store_call(recorder.load)
         if restored.next_turn:
             await restore_diff(sbx, restored.diff)
             log.info("agent.session.resume", rollout_id=inp.task.rollout_id, after_turn=restored.next_turn - 1,
                      attempt=activity.info().attempt)
-        adapter = await shared_adapter(self.args)
+        adapter = await shared_adapter(args)
 
         async def checkpoint(chains, agent_state: dict) -> None:
             info = activity.info()
@@ -95,21 +97,23 @@ class CodingAgentActivities:
 
         async with heartbeating():
             info = activity.info()
-            return await run_session(self.args, adapter, sbx, inp.run_id, inp.task, restored, checkpoint,
+            return await run_session(args, adapter, sbx, inp.run_id, inp.task, restored, checkpoint,
                                      attempt=f"{info.activity_id}.{info.attempt}")
 
     # ---- storing ---------------------------------------------------------------------------
 
     @activity.defn(name="store_agent_rollout")
     async def store_agent_rollout(self, inp: StoreInput) -> AgentRolloutOutput:
-        task = inp.task
+        task, args = inp.task, await self.ctx.run_args(inp.run_id)
         chains = (await store_call(TrajectoryRecorder(self.store, inp.run_id, task.rollout_id).load)).chains
-        base = self.data_source.prompt_group(task.group_index)[task.index - task.group_index * self.args.n_samples_per_prompt]
+        base = next((s for s in await prompt_group(args, task.group_index) if s.index == task.index), None)
+        if base is None:  # the group's size is the run's --n-samples-per-prompt, as when agent_task resolved it
+            raise ConfigError(f"rollout {task.rollout_id}: no sample {task.index} in prompt group {task.group_index}")
         base.metadata = {**(base.metadata or {}), "weight_version": inp.weight_version, "task_id": task.task_id,
                          "diff": inp.diff, "diff_id": inp.diff_id, "grade": {"outcome": inp.outcome, "reason": inp.reason}}
         if inp.infra_failure:
             base.metadata["infra_failure"] = inp.infra_failure
-        tokenizer = get_tokenizer(self.args.hf_checkpoint)
+        tokenizer = get_tokenizer(args.hf_checkpoint)
         samples = trajectory_to_samples(chains, rollout_id=task.rollout_id,
                                         reward=None if inp.infra_failure else inp.reward, base=base, tokenizer=tokenizer)
         if inp.infra_failure:
@@ -140,8 +144,8 @@ def start(ctx: EnvContext) -> EnvWorkers:
 
     from vime.envs.coding_agent.sandbox_activities import SandboxActivities
 
-    sandboxes = SandboxActivities(ctx.args, ctx.store)
-    agents = CodingAgentActivities(ctx.args, ctx.store)
+    sandboxes = SandboxActivities(ctx.args, ctx.store, run_args=ctx.run_args)
+    agents = CodingAgentActivities(ctx)
     workers = [
         Worker(ctx.client, task_queue=ctx.args.sandbox_task_queue, activities=sandboxes.on_sandbox_queue(),
                max_concurrent_activities=64, build_id=code_build_id()),

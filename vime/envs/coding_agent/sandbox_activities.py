@@ -25,6 +25,7 @@ import hashlib
 import os
 import socket
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from temporalio import activity
@@ -66,20 +67,27 @@ def sandbox_host_queue(sandbox_task_queue: str) -> str:
 
 class SandboxActivities:
     """The sandbox activities of one worker process, whose own queue is `host_queue` (by default
-    a fresh `sandbox_host_queue`)."""
+    a fresh `sandbox_host_queue` under the worker's `--sandbox-task-queue`). Each activity uses
+    the sandbox backend and options of the run its input names (`run_args`, by run id: one
+    worker serves many runs); an input without a run id (older histories) uses the worker's."""
 
-    def __init__(self, args: Any, store: SampleStore, host_queue: str | None = None) -> None:
+    def __init__(self, args: Any, store: SampleStore, host_queue: str | None = None,
+                 run_args: Callable[[str], Awaitable[Any]] | None = None) -> None:
         self.args = args
         self.store = store
         self.host_queue = host_queue or sandbox_host_queue(args.sandbox_task_queue)
-        self.booted: set[str] = set()  # by this process and not torn down yet
+        self.booted: dict[str, str] = {}  # sandbox id -> its run id: booted by this process, not torn down yet
+        self._run_args = run_args
+
+    async def _args(self, run_id: str) -> Any:
+        return await self._run_args(run_id) if run_id and self._run_args is not None else self.args
 
     async def destroy_booted(self) -> int:
         """Destroy every sandbox this process booted and nobody tore down (the worker is
         stopping: a workflow that still needs one boots another and resumes into it)."""
         count = 0
-        for sandbox_id in list(self.booted):
-            if await self.teardown_sandbox(SandboxRef(sandbox_id)):
+        for sandbox_id, run_id in list(self.booted.items()):
+            if await self.teardown_sandbox(SandboxRef(sandbox_id, run_id=run_id)):
                 count += 1
         return count
 
@@ -87,11 +95,11 @@ class SandboxActivities:
     async def boot_sandbox(self, inp: BootInput) -> SandboxRef:
         """A fresh sandbox with the task repository committed as the diff base; the sandbox's
         later activities go to `SandboxRef.task_queue`, this worker's own queue."""
-        task = inp.task
-        sbx = make_sandbox(self.args.sandbox_backend, boot_key=inp.boot_key or None,
-                           **sandbox_options(self.args, task.repo_dir))
+        task, args = inp.task, await self._args(inp.run_id)
+        sbx = make_sandbox(args.sandbox_backend, boot_key=inp.boot_key or None, **sandbox_options(args, task.repo_dir))
         await sbx.boot()
-        self.booted.difference_update(sbx.replaced)
+        for replaced in sbx.replaced:
+            self.booted.pop(replaced, None)
         if sbx.replaced:
             log.warning("sandbox.replaced", replaced=sbx.replaced, boot_key=inp.boot_key, sandbox_id=sbx.sandbox_id)
         try:
@@ -99,16 +107,17 @@ class SandboxActivities:
         except BaseException:
             await sbx.destroy()
             raise
-        self.booted.add(sbx.sandbox_id)
+        self.booted[sbx.sandbox_id] = inp.run_id
         log.info("sandbox.booted", sandbox_id=sbx.sandbox_id, rollout_id=task.rollout_id, host_queue=self.host_queue)
-        return SandboxRef(sbx.sandbox_id, self.host_queue)
+        return SandboxRef(sbx.sandbox_id, self.host_queue, inp.run_id)
 
     @activity.defn(name="capture_diff")
     async def capture_diff(self, inp: DiffInput) -> DiffOutput:
         """The workspace's diff against the task's base; if the sandbox is gone (its worker was
         killed after the session finished), the diff stored with the session's last step."""
+        args = await self._args(inp.run_id)
         try:
-            sbx = await attach_sandbox(self.args.sandbox_backend, inp.sandbox_id, **sandbox_options(self.args))
+            sbx = await attach_sandbox(args.sandbox_backend, inp.sandbox_id, **sandbox_options(args))
         except SandboxGone:
             restored = await store_call(TrajectoryRecorder(self.store, inp.run_id, inp.rollout_id).load)
             return DiffOutput(diff_id(restored.diff), restored.diff, source="checkpoint")
@@ -117,14 +126,14 @@ class SandboxActivities:
 
     @activity.defn(name="grade_diff")
     async def grade_diff(self, inp: GradeInput) -> GradeOutput:
-        task = inp.task
+        task, args = inp.task, await self._args(inp.run_id)
 
         def fresh():
-            return make_sandbox(self.args.sandbox_backend, **sandbox_options(self.args, task.repo_dir))
+            return make_sandbox(args.sandbox_backend, **sandbox_options(args, task.repo_dir))
 
         result = await grade_in_sandbox(fresh, inp.diff, task.test_command,
                                         test_files=task_test_files(task.repo_dir),
-                                        timeout=coding_flags(self.args).agent_command_timeout)
+                                        timeout=coding_flags(args).agent_command_timeout)
         if result.outcome == "patch_failed":
             raise ApplicationError(result.reason, type=PATCH_DOES_NOT_APPLY, non_retryable=True)
         return GradeOutput(result.reward, result.outcome, result.reason)
@@ -132,9 +141,10 @@ class SandboxActivities:
     @activity.defn(name="teardown_sandbox")
     async def teardown_sandbox(self, ref: SandboxRef) -> bool:
         """Destroy the sandbox; True if it was still there (a retry finds it gone: fine)."""
-        self.booted.discard(ref.sandbox_id)
+        self.booted.pop(ref.sandbox_id, None)
+        args = await self._args(ref.run_id)
         try:
-            sbx = await attach_sandbox(self.args.sandbox_backend, ref.sandbox_id, **sandbox_options(self.args))
+            sbx = await attach_sandbox(args.sandbox_backend, ref.sandbox_id, **sandbox_options(args))
         except SandboxGone:
             return False
         await sbx.destroy()

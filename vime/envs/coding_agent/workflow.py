@@ -103,12 +103,14 @@ class SessionOutput:
 class BootInput:
     task: AgentTask
     boot_key: str  # the same for every attempt of one boot: a retry replaces what an earlier attempt left
+    run_id: str = ""  # whose config (sandbox backend and options) the boot uses; "": the worker's flags
 
 
 @dataclass
 class SandboxRef:
     sandbox_id: str
     task_queue: str = ""  # the booting worker's own queue: where the sandbox's later activities run
+    run_id: str = ""  # the run it was booted for (its teardown attaches with that run's config)
 
 
 @dataclass
@@ -129,6 +131,7 @@ class DiffOutput:
 class GradeInput:
     task: AgentTask
     diff: str
+    run_id: str = ""  # whose config the grading sandbox and its timeout come from; "": the worker's flags
 
 
 @dataclass
@@ -283,7 +286,7 @@ class CodingAgentRolloutWorkflow:
         for boot in range(MAX_SANDBOX_BOOTS):
             self._enter("boot")
             self.sandbox = ref = await workflow.execute_activity(
-                BOOT_SANDBOX, BootInput(task, boot_key(workflow.info().workflow_id, boot)), result_type=SandboxRef,
+                BOOT_SANDBOX, BootInput(task, boot_key(workflow.info().workflow_id, boot), inp.run_id), result_type=SandboxRef,
                 task_queue=inp.sandbox_task_queue, start_to_close_timeout=timedelta(minutes=10),
                 retry_policy=_retry(3))
             try:
@@ -318,7 +321,7 @@ class CodingAgentRolloutWorkflow:
     async def _grade(self, inp: AgentRolloutInput, task: AgentTask, diff: str) -> GradeOutput:
         try:
             return await workflow.execute_activity(
-                GRADE_DIFF, GradeInput(task, diff), result_type=GradeOutput, task_queue=inp.sandbox_task_queue,
+                GRADE_DIFF, GradeInput(task, diff, inp.run_id), result_type=GradeOutput, task_queue=inp.sandbox_task_queue,
                 start_to_close_timeout=timedelta(minutes=15), retry_policy=_retry(3, PATCH_DOES_NOT_APPLY))
         except ActivityError as e:
             if _error_type(e) != PATCH_DOES_NOT_APPLY:
