@@ -32,6 +32,9 @@ EXERCISED = {
     "--prompt-data": "test_bad_input.py::test_a_prompt_file_too_short_for_one_step_is_one_line_before_anything_starts",
     "--input-key": "test_long_lived_workers.py::test_a_starting_run_s_flags_are_checked_as_vime_train_checks_them",
     "--label-key": "test_preflight.py::test_a_good_run_passes_every_check",
+    "--metadata-key": "test_rollout_data.py::test_metadata_key_and_tool_key_name_the_columns_that_become_metadata_and_tools",
+    "--tool-key": "test_rollout_data.py::test_metadata_key_and_tool_key_name_the_columns_that_become_metadata_and_tools",
+    "--apply-chat-template-kwargs": "test_rollout_data.py::test_apply_chat_template_kwargs_reach_the_template_of_every_rendered_prompt",
     "--apply-chat-template": "test_preflight.py::test_a_chat_prompt_without_content_is_empty_judged_before_any_template",
     "--num-rollout": "test_cli.py::test_a_bad_plugin_path_fails_at_start_naming_path_and_module",
     "--num-epoch": "test_preflight.py::test_as_many_prompts_as_one_step_takes_train_over_epochs",
@@ -119,9 +122,6 @@ REFUSED = {
 
 # flag -> the module that reads it (checked); no test shows its effect yet
 NOT_YET_EXERCISED = {
-    "--metadata-key": "vime/rollout/dataset.py",
-    "--tool-key": "vime/rollout/dataset.py",
-    "--apply-chat-template-kwargs": "vime/rollout/generate.py",
     "--staleness-control": "vime/launch.py",
     "--eval-function-path": "vime/preflight.py",
     "--eval-interval": "vime/args_resolve.py",
