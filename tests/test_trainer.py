@@ -113,3 +113,30 @@ def test_on_cpu_a_step_packs_rows_of_1024_tokens_by_default_and_the_budget_does_
     a, b = default.train_step(batch).metrics, one_row.train_step(synthetic_batch(0, groups=16, n=8)).metrics
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+
+
+def record_applied_grad_norms(trainer: Trainer) -> list[float]:
+    """The global norm of the gradients each optimizer step applies (after any clipping)."""
+    applied: list[float] = []
+
+    def record(optimizer, *_):
+        grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                 for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        applied.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
+
+    trainer.optimizer.register_step_pre_hook(record)
+    return applied
+
+
+def test_a_gradient_whose_norm_exceeds_clip_grad_is_scaled_to_it_and_clip_grad_0_does_not_clip(
+        tiny_model_dir, tmp_path):
+    """The step's `grad_norm` metric is the norm before clipping; the optimizer applies at most
+    --clip-grad. 0 turns clipping off, as in Megatron (slime's --clip-grad 0), rather than zeroing
+    every gradient."""
+    for flags, bound in ((["--clip-grad", "0.5"], 0.5), ([], 1.0), (["--clip-grad", "0"], None)):
+        trainer = Trainer(make_args(tmp_path, tiny_model_dir, flags))
+        applied = record_applied_grad_norms(trainer)
+        norm = trainer.train_step(synthetic_batch(0)).metrics["grad_norm"]
+        assert norm > 1.0, "the batch's gradient is larger than every bound tried here"
+        assert applied == [pytest.approx(norm if bound is None else bound, rel=1e-4)], flags
+

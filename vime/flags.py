@@ -150,7 +150,7 @@ class VimeArgs:
     weight_decay: float = _training(0.0, "AdamW weight decay.")
     adam_beta1: float = _training(0.9, "AdamW beta1.")
     adam_beta2: float = _training(0.95, "AdamW beta2.")
-    clip_grad: float = _training(1.0, "Gradient-norm clip.")
+    clip_grad: float = _training(1.0, "Gradient-norm clip (0: no clipping, as in Megatron).")
     global_batch_size: int | None = _training(
         None, "Samples per optimizer step (default: rollout-batch-size x n-samples-per-prompt)."
     )
