@@ -62,6 +62,7 @@ EXERCISED = {
     "--dynamic-sampling-filter-path": "test_rollout_generate.py::test_generate_rollout_keeps_groups_with_reward_spread",
     "--buffer-filter-path": "test_plugins.py::test_load_hook_is_none_when_the_flag_is_unset",
     "--max-staleness": "test_cli.py::test_config_prints_the_workflow_input_that_temporal_decodes_as_the_run_s_numbers",
+    "--staleness-control": "test_staleness.py::test_staleness_control_picks_whether_the_runs_async_pool_paces_new_groups",
     "--fully-async": "test_fully_async.py::test_a_long_tail_group_never_delays_a_step",
     "--max-concurrent-rollouts": "test_fully_async.py::test_a_long_tail_group_never_delays_a_step",
     "--n-samples-per-eval-prompt": "test_rollout_data.py::test_each_eval_prompt_is_sampled_n_samples_per_eval_prompt_times",
@@ -127,7 +128,6 @@ REFUSED = {
 
 # flag -> the module that reads it (checked); no test shows its effect yet
 NOT_YET_EXERCISED = {
-    "--staleness-control": "vime/launch.py",
     "--eval-function-path": "vime/preflight.py",
     "--eval-interval": "vime/args_resolve.py",
     "--opd-type": "vime/train/opd.py",
