@@ -112,6 +112,7 @@ EXERCISED = {
     "--sandbox-task-queue": "test_sandbox_lifecycle.py::"
                             "test_boot_sandbox_run_twice_with_one_key_leaves_one_workdir_and_no_bwrap_of_the_first",
     "--vllm-server-urls": "test_deploy.py::test_the_workers_reach_the_servers_the_file_starts",
+    "--engine-host": "test_engine.py::test_vime_engine_serves_on_the_engine_host_and_port_of_its_flags",
     "--engine-port": "test_deploy.py::test_the_workers_reach_the_servers_the_file_starts",
     "--router-policy": "test_seed_surface.py::test_router_policy_is_a_router_flag_with_cache_aware_by_default",
     "--min-lr": "test_flag_effects.py::test_the_lr_schedule_flags_shape_the_schedule",
@@ -134,7 +135,6 @@ NOT_YET_EXERCISED = {
     "--temporal-namespace": "vime/launch.py",
     "--heartbeat-timeout": "vime/launch.py",
     "--update-weight-buffer-size": "activities/train.py",
-    "--engine-host": "vime/engine/serve.py",
 }
 
 
