@@ -93,6 +93,7 @@ EXERCISED = {
     "--trainer-task-queue": "test_cli.py::test_config_prints_the_workflow_input_that_temporal_decodes_as_the_run_s_numbers",
     "--weight-sync-engine": "test_weight_sync_run.py::test_a_run_syncs_two_servers_by_broadcast_and_sends_deltas_after_the_first",
     "--update-weight-mode": "test_weight_sync_run.py::test_a_run_syncs_two_servers_by_broadcast_and_sends_deltas_after_the_first",
+    "--update-weight-buffer-size": "test_weight_sync_buckets.py::test_update_weight_buffer_size_is_the_bucket_the_collective_sync_broadcasts_in",
     "--vllm-model-urls": "test_on_policy_distillation.py::test_the_students_reverse_kl_to_the_teacher_on_held_out_prompts_falls",
     "--store-url": "test_long_lived_workers.py::test_a_worker_reads_a_recorded_run_s_flags_and_keeps_its_own_connections",
     "--continue-as-new-after-steps": "test_long_runs.py::test_a_run_continues_as_new_three_times_with_a_prefetched_step_in_flight",
@@ -134,7 +135,6 @@ NOT_YET_EXERCISED = {
     "--opd-type": "vime/train/opd.py",
     "--temporal-namespace": "vime/launch.py",
     "--heartbeat-timeout": "vime/launch.py",
-    "--update-weight-buffer-size": "activities/train.py",
 }
 
 
