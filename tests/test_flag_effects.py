@@ -126,13 +126,14 @@ EXERCISED = {
 REFUSED = {
     "--micro-batch-size": (["--micro-batch-size", "4"],
                            "--micro-batch-size 4: vime packs each micro-batch up to --max-tokens-per-gpu tokens"),
+    "--opd-type": (["--use-opd", "--opd-type", "megatron"],  # vllm and sglang both name the one teacher vime has
+                   "--opd-type megatron: vime has no teacher inside the trainer; its teacher is a server"),
 }
 
 # flag -> the module that reads it (checked); no test shows its effect yet
 NOT_YET_EXERCISED = {
     "--eval-function-path": "vime/preflight.py",
     "--eval-interval": "vime/args_resolve.py",
-    "--opd-type": "vime/train/opd.py",
     "--temporal-namespace": "vime/launch.py",
     "--heartbeat-timeout": "vime/launch.py",
 }

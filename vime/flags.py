@@ -208,7 +208,8 @@ class VimeArgs:
     opd_type: str | None = _reward(
         None, "OPD: where teacher logprobs come from: vllm, a frozen teacher server scoring each rollout "
         "(--custom-rm-path vime.rollout.on_policy_distillation.reward_func); slime's sglang means the same here "
-        "(default with --use-opd: vllm).", choices=("vllm", "sglang"))
+        "(default with --use-opd: vllm). slime's megatron (a teacher inside the trainer) is refused.",
+        choices=("vllm", "sglang", "megatron"))
     opd_kl_coef: float = _algorithm(1.0, "Weight of the reverse KL to the teacher in the advantage (with --use-opd).")
 
     # checkpoint
