@@ -89,6 +89,8 @@ EXERCISED = {
     "--run-id": "test_cli.py::test_config_prints_the_workflow_input_that_temporal_decodes_as_the_run_s_numbers",
     "--run-dir": "test_bad_input.py::test_a_launch_on_a_live_runs_directory_is_refused_in_one_line_and_writes_nothing",
     "--temporal-address": "test_cli.py::test_an_unreachable_temporal_address_is_one_line",
+    "--temporal-namespace": "test_temporal_flags.py::test_temporal_namespace_is_where_the_run_s_dev_server_and_workers_keep_its_workflows",
+    "--heartbeat-timeout": "test_temporal_flags.py::test_heartbeat_timeout_is_the_heartbeat_timeout_of_the_trainer_activities_the_run_schedules",
     "--rollout-task-queue": "test_tool_use.py::test_a_rollout_worker_starting_removes_the_sandboxes_a_worker_killed_with_sigkill_left",
     "--trainer-task-queue": "test_cli.py::test_config_prints_the_workflow_input_that_temporal_decodes_as_the_run_s_numbers",
     "--weight-sync-engine": "test_weight_sync_run.py::test_a_run_syncs_two_servers_by_broadcast_and_sends_deltas_after_the_first",
@@ -134,8 +136,6 @@ REFUSED = {
 NOT_YET_EXERCISED = {
     "--eval-function-path": "vime/preflight.py",
     "--eval-interval": "vime/args_resolve.py",
-    "--temporal-namespace": "vime/launch.py",
-    "--heartbeat-timeout": "vime/launch.py",
 }
 
 
