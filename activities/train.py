@@ -51,6 +51,13 @@ def engine_urls(args: Any) -> list[str]:
                        "(or --vllm-router-ip/--vllm-router-port naming the one server)")
 
 
+def weight_sync_for(args: Any, urls: list[str]) -> WeightSync:
+    """The run's weight sync to `urls`: --weight-sync-engine, --update-weight-mode and, for the
+    collective engine, --update-weight-buffer-size bytes per broadcast bucket."""
+    return WeightSync(urls, engine=args.weight_sync_engine, update_mode=args.update_weight_mode,
+                      bucket_bytes=args.update_weight_buffer_size)
+
+
 class TrainerActivities:
     """The trainer's activities; a long-lived trainer is leased to one run at a time.
 
@@ -132,10 +139,7 @@ class TrainerActivities:
         urls = list(inp.engine_urls) or engine_urls(self.group.args)
         weights, probe, expected = await self._run("state_dict_and_probe")
         if self._sync is None or self._sync.urls != urls:
-            args = self.group.args
-            self._sync = WeightSync(urls, engine=args.weight_sync_engine,
-                                    update_mode=args.update_weight_mode,
-                                    bucket_bytes=args.update_weight_buffer_size)
+            self._sync = weight_sync_for(self.group.args, urls)
         publish = functools.partial(live_weights.publish, run_dir=self.group.args.run_dir,
                                     base_checkpoint=self.group.args.hf_checkpoint)
         deadline = time.monotonic() + SYNC_WAIT_S

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shlex
 from pathlib import Path
 
 import pytest
@@ -168,6 +169,18 @@ def test_a_vllm_that_fails_to_start_reports_its_own_last_log_lines(tmp_path):
     assert str(tmp_path / "vllm.log") in message
     assert len(message.splitlines()) > 2  # the server's own words follow
     assert server.process is None
+
+
+def test_vime_engine_serves_on_the_engine_host_and_port_of_its_flags(tiny_model_dir, capsys):
+    from vime.cli import main
+
+    def served_at(*flags: str) -> tuple[str, str]:
+        assert main(["engine", "--hf-checkpoint", str(tiny_model_dir), *flags, "--print-command"]) == 0
+        command = shlex.split(capsys.readouterr().out)
+        return command[command.index("--host") + 1], command[command.index("--port") + 1]
+
+    assert served_at("--engine-host", "0.0.0.0", "--engine-port", "8123") == ("0.0.0.0", "8123")
+    assert served_at() == ("127.0.0.1", "8000")
 
 
 def test_vime_adds_its_server_defaults_only_where_the_user_set_nothing():

@@ -8,8 +8,8 @@ So each declared flag (`vime.args.flag_fields()`) is in exactly one of these tab
   and name the flag (its option or its dest);
 - `REFUSED`: a command line with the flag that `parse_args` refuses, and the reason it gives;
 - `NOT_YET_EXERCISED`: flags that are read (the module named reads the dest) but whose effect
-  no test shows yet. This is a debt list: it may shrink, and a new flag may not join it
-  without a reason a reviewer accepts.
+  no test shows yet, each with the reason. This is a debt list: it may shrink, and a new flag
+  may not join it without a reason a reviewer accepts.
 
 A newly declared flag that is in none of them fails `test_every_declared_flag_is_accounted_for`.
 """
@@ -32,6 +32,9 @@ EXERCISED = {
     "--prompt-data": "test_bad_input.py::test_a_prompt_file_too_short_for_one_step_is_one_line_before_anything_starts",
     "--input-key": "test_long_lived_workers.py::test_a_starting_run_s_flags_are_checked_as_vime_train_checks_them",
     "--label-key": "test_preflight.py::test_a_good_run_passes_every_check",
+    "--metadata-key": "test_rollout_data.py::test_metadata_key_and_tool_key_name_the_columns_that_become_metadata_and_tools",
+    "--tool-key": "test_rollout_data.py::test_metadata_key_and_tool_key_name_the_columns_that_become_metadata_and_tools",
+    "--apply-chat-template-kwargs": "test_rollout_data.py::test_apply_chat_template_kwargs_reach_the_template_of_every_rendered_prompt",
     "--apply-chat-template": "test_preflight.py::test_a_chat_prompt_without_content_is_empty_judged_before_any_template",
     "--num-rollout": "test_cli.py::test_a_bad_plugin_path_fails_at_start_naming_path_and_module",
     "--num-epoch": "test_preflight.py::test_as_many_prompts_as_one_step_takes_train_over_epochs",
@@ -59,6 +62,7 @@ EXERCISED = {
     "--dynamic-sampling-filter-path": "test_rollout_generate.py::test_generate_rollout_keeps_groups_with_reward_spread",
     "--buffer-filter-path": "test_plugins.py::test_load_hook_is_none_when_the_flag_is_unset",
     "--max-staleness": "test_cli.py::test_config_prints_the_workflow_input_that_temporal_decodes_as_the_run_s_numbers",
+    "--staleness-control": "test_staleness.py::test_staleness_control_picks_whether_the_runs_async_pool_paces_new_groups",
     "--fully-async": "test_fully_async.py::test_a_long_tail_group_never_delays_a_step",
     "--max-concurrent-rollouts": "test_fully_async.py::test_a_long_tail_group_never_delays_a_step",
     "--n-samples-per-eval-prompt": "test_rollout_data.py::test_each_eval_prompt_is_sampled_n_samples_per_eval_prompt_times",
@@ -69,6 +73,11 @@ EXERCISED = {
     "--rm-url": "test_opd.py::test_the_teacher_is_the_topology_model_named_teacher_else_the_rm_url",
     "--reward-key": "test_advantages.py::test_adapter_reads_samples_reward_key_and_infra_flag",
     "--lr": "test_sft.py::test_sft_teaches_the_tool_call_answers_and_the_saved_model_reproduces_each_one",
+    "--weight-decay": "test_trainer.py::test_the_optimizer_is_adamw_with_the_betas_and_weight_decay_of_the_flags",
+    "--adam-beta1": "test_trainer.py::test_the_optimizer_is_adamw_with_the_betas_and_weight_decay_of_the_flags",
+    "--adam-beta2": "test_trainer.py::test_the_optimizer_is_adamw_with_the_betas_and_weight_decay_of_the_flags",
+    "--gradient-checkpointing": "test_trainer.py::test_gradient_checkpointing_keeps_fewer_activations_for_backward_and_gives_the_same_update",
+    "--clip-grad": "test_trainer.py::test_a_gradient_whose_norm_exceeds_clip_grad_is_scaled_to_it_and_clip_grad_0_does_not_clip",
     "--global-batch-size": "test_batching.py::test_steps_accept_rollout_lists_and_reject_a_zero_batch_size",
     "--max-tokens-per-gpu": "test_trainer.py::test_on_cpu_a_step_packs_rows_of_1024_tokens_by_default_and_the_budget_does_not_change_the_update",
     "--seed": "test_benchmarks.py::test_the_weight_sync_benchmark_compares_the_engines_on_the_tiny_model",
@@ -80,10 +89,13 @@ EXERCISED = {
     "--run-id": "test_cli.py::test_config_prints_the_workflow_input_that_temporal_decodes_as_the_run_s_numbers",
     "--run-dir": "test_bad_input.py::test_a_launch_on_a_live_runs_directory_is_refused_in_one_line_and_writes_nothing",
     "--temporal-address": "test_cli.py::test_an_unreachable_temporal_address_is_one_line",
+    "--temporal-namespace": "test_temporal_flags.py::test_temporal_namespace_is_where_the_run_s_dev_server_and_workers_keep_its_workflows",
+    "--heartbeat-timeout": "test_temporal_flags.py::test_heartbeat_timeout_is_the_heartbeat_timeout_of_the_trainer_activities_the_run_schedules",
     "--rollout-task-queue": "test_tool_use.py::test_a_rollout_worker_starting_removes_the_sandboxes_a_worker_killed_with_sigkill_left",
     "--trainer-task-queue": "test_cli.py::test_config_prints_the_workflow_input_that_temporal_decodes_as_the_run_s_numbers",
     "--weight-sync-engine": "test_weight_sync_run.py::test_a_run_syncs_two_servers_by_broadcast_and_sends_deltas_after_the_first",
     "--update-weight-mode": "test_weight_sync_run.py::test_a_run_syncs_two_servers_by_broadcast_and_sends_deltas_after_the_first",
+    "--update-weight-buffer-size": "test_weight_sync_buckets.py::test_update_weight_buffer_size_is_the_bucket_the_collective_sync_broadcasts_in",
     "--vllm-model-urls": "test_on_policy_distillation.py::test_the_students_reverse_kl_to_the_teacher_on_held_out_prompts_falls",
     "--store-url": "test_long_lived_workers.py::test_a_worker_reads_a_recorded_run_s_flags_and_keeps_its_own_connections",
     "--continue-as-new-after-steps": "test_long_runs.py::test_a_run_continues_as_new_three_times_with_a_prefetched_step_in_flight",
@@ -103,6 +115,7 @@ EXERCISED = {
     "--sandbox-task-queue": "test_sandbox_lifecycle.py::"
                             "test_boot_sandbox_run_twice_with_one_key_leaves_one_workdir_and_no_bwrap_of_the_first",
     "--vllm-server-urls": "test_deploy.py::test_the_workers_reach_the_servers_the_file_starts",
+    "--engine-host": "test_engine.py::test_vime_engine_serves_on_the_engine_host_and_port_of_its_flags",
     "--engine-port": "test_deploy.py::test_the_workers_reach_the_servers_the_file_starts",
     "--router-policy": "test_seed_surface.py::test_router_policy_is_a_router_flag_with_cache_aware_by_default",
     "--min-lr": "test_flag_effects.py::test_the_lr_schedule_flags_shape_the_schedule",
@@ -115,26 +128,15 @@ EXERCISED = {
 REFUSED = {
     "--micro-batch-size": (["--micro-batch-size", "4"],
                            "--micro-batch-size 4: vime packs each micro-batch up to --max-tokens-per-gpu tokens"),
+    "--opd-type": (["--use-opd", "--opd-type", "megatron"],  # vllm and sglang both name the one teacher vime has
+                   "--opd-type megatron: vime has no teacher inside the trainer; its teacher is a server"),
 }
 
-# flag -> the module that reads it (checked); no test shows its effect yet
+# flag -> (the module that reads it (checked), why no test shows its effect yet)
+EVALUATION_BEING_BUILT = "durable evaluation in every run is being built under issue #23; its tests come with it"
 NOT_YET_EXERCISED = {
-    "--metadata-key": "vime/rollout/dataset.py",
-    "--tool-key": "vime/rollout/dataset.py",
-    "--apply-chat-template-kwargs": "vime/rollout/generate.py",
-    "--staleness-control": "workflows/step_collection.py",  # into TrainingConfig by name (training_config_from)
-    "--eval-function-path": "vime/preflight.py",
-    "--eval-interval": "vime/args_resolve.py",
-    "--weight-decay": "vime/train/trainer.py",
-    "--adam-beta1": "vime/train/trainer.py",
-    "--adam-beta2": "vime/train/trainer.py",
-    "--clip-grad": "vime/train/trainer.py",
-    "--gradient-checkpointing": "vime/train/trainer.py",
-    "--opd-type": "vime/train/opd.py",
-    "--temporal-namespace": "vime/launch.py",
-    "--heartbeat-timeout": "vime/launch.py",
-    "--update-weight-buffer-size": "activities/train.py",
-    "--engine-host": "vime/engine/serve.py",
+    "--eval-function-path": ("vime/preflight.py", EVALUATION_BEING_BUILT),
+    "--eval-interval": ("vime/args_resolve.py", EVALUATION_BEING_BUILT),
 }
 
 
@@ -191,8 +193,9 @@ def test_a_refused_flag_is_refused_with_its_reason(option):
 
 @pytest.mark.parametrize("option", sorted(NOT_YET_EXERCISED))
 def test_a_flag_without_an_effect_test_is_at_least_read(option):
-    assert _dest(option) in (ROOT / NOT_YET_EXERCISED[option]).read_text(), \
-        f"{option}: {NOT_YET_EXERCISED[option]} does not read {_dest(option)}"
+    module, reason = NOT_YET_EXERCISED[option]
+    assert reason, f"{option}: say why no test shows its effect yet"
+    assert _dest(option) in (ROOT / module).read_text(), f"{option}: {module} does not read {_dest(option)}"
 
 
 def test_the_lr_schedule_flags_shape_the_schedule():

@@ -114,6 +114,16 @@ def test_the_teacher_is_the_topology_model_named_teacher_else_the_rm_url():
 OPD = ["--use-opd", "--custom-rm-path", "vime.rollout.on_policy_distillation.reward_func"]
 
 
+def test_opd_type_names_the_teacher_server_and_a_teacher_inside_the_trainer_is_refused():
+    for name in ("vllm", "sglang"):  # slime's sglang: the same thing, a server scoring each rollout
+        assert OpdConfig.from_args(parse_args([*OPD, "--opd-type", name])).opd_type == name
+    with pytest.raises(ConfigError, match="--opd-type megatron: vime has no teacher inside the trainer; .* "
+                                          "pass --opd-type vllm"):
+        parse_args([*OPD, "--opd-type", "megatron"])
+    with pytest.raises(ConfigError, match="--opd-type vllm has no effect without --use-opd: add --use-opd"):
+        parse_args(["--opd-type", "vllm"])
+
+
 def _serving(tmp_path: Path, student: Path, teacher: Path, update: bool = False) -> str:
     path = tmp_path / "serving.yaml"
     path.write_text(f"""

@@ -172,6 +172,62 @@ def test_chat_template_renders_messages_with_the_records_tools(tmp_path, tiny_mo
     assert "<|im_start|>user\nplain text becomes a user turn<|im_end|>" in second.prompt
 
 
+def test_metadata_key_and_tool_key_name_the_columns_that_become_metadata_and_tools(tmp_path):
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]
+    path = write_jsonl(tmp_path / "p.jsonl", [
+        {"input": "add 1 and 2", "extra": {"id": 7}, "functions": tools, "metadata": {"id": 0}, "tools": "not read"},
+    ])
+    renamed = RolloutDataSource(make_args(tmp_path, "--prompt-data", str(path), "--metadata-key", "extra",
+                                          "--tool-key", "functions")).dataset[0]
+    assert renamed.metadata == {"id": 7, "tools": tools}  # the tools travel in metadata, for a custom generate
+
+    path = write_jsonl(tmp_path / "q.jsonl", [{"input": "hi", "metadata": {"id": 0}, "functions": tools}])
+    default = RolloutDataSource(make_args(tmp_path, "--prompt-data", str(path))).dataset[0]
+    assert default.metadata == {"id": 0}  # the default keys: 'metadata', and 'tools', which this record lacks
+
+
+THINKING_TEMPLATE_TAIL = (
+    "{%- if add_generation_prompt and enable_thinking is defined and not enable_thinking -%}"
+    "{{- '<think>\n\n</think>\n\n' -}}{%- endif -%}"
+)
+
+
+def thinking_tokenizer(tiny_model_dir, path):
+    """The tiny model's tokenizer with a chat template that reads `enable_thinking`, as Qwen3's does."""
+    from vime.testing.tiny_model import CHAT_TEMPLATE
+
+    path.mkdir()
+    template = CHAT_TEMPLATE + THINKING_TEMPLATE_TAIL
+    for name in ("tokenizer.json", "config.json"):
+        (path / name).write_bytes((tiny_model_dir / name).read_bytes())
+    config = json.loads((tiny_model_dir / "tokenizer_config.json").read_text())
+    (path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    (path / "chat_template.jinja").write_text(template)
+    return path
+
+
+def test_apply_chat_template_kwargs_reach_the_template_of_every_rendered_prompt(tmp_path, tiny_model_dir):
+    from vime.rollout.generate import prompt_token_ids
+    from vime.rollout.tokenization import encode, get_tokenizer
+
+    model = thinking_tokenizer(tiny_model_dir, tmp_path / "model")
+    messages = [{"role": "user", "content": "add 1 and 2"}]
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"input": messages}])
+
+    def rendered(*flags):
+        args = make_args(tmp_path, "--prompt-data", str(path), "--hf-checkpoint", str(model), *flags)
+        return RolloutDataSource(args).dataset[0].prompt
+
+    kwargs = ["--apply-chat-template-kwargs", '{"enable_thinking": false}']
+    assert rendered("--apply-chat-template").endswith("<|im_start|>assistant\n")
+    assert rendered("--apply-chat-template", *kwargs).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+    # chat messages kept as messages (no --apply-chat-template) are rendered at generation, with the same kwargs
+    args = make_args(tmp_path, "--prompt-data", str(path), "--hf-checkpoint", str(model), *kwargs)
+    ids = prompt_token_ids(args, Sample(prompt=messages))
+    assert ids == encode(get_tokenizer(str(model)), rendered("--apply-chat-template", *kwargs))
+
+
 def test_max_prompt_len_drops_long_prompts_and_refuses_to_drop_all(tmp_path, tiny_model_dir):
     records = [{"input": "a short one"}, {"input": "long " * 200}, {"input": "a tiny one"}]
     path = write_jsonl(tmp_path / "p.jsonl", records)

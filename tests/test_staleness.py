@@ -77,3 +77,23 @@ def test_the_policy_module_does_not_import_temporal():
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not any(name.startswith("temporalio") for name in imported), imported
+
+
+def test_staleness_control_picks_whether_the_runs_async_pool_paces_new_groups(tmp_path):
+    """From the command line to the pool the training workflow builds (no Temporal needed to build it)."""
+    from vime.args import parse_args
+    from vime.launch import training_config
+    from vime.temporal.training_contract import TrainingState
+    from workflows.step_collection import StepCollection
+
+    def pool(*flags):
+        args = parse_args(["--run-dir", str(tmp_path / "run"), "--fully-async", "--rollout-batch-size", "4",
+                           "--max-staleness", "1", "--max-concurrent-rollouts", "64", *flags])
+        collection = StepCollection()
+        collection.begin(training_config(args), TrainingState())
+        collection.start_pool()
+        return collection.pool
+
+    paced, discarding = pool(), pool("--staleness-control", "discard")
+    assert paced.policy.may_start(alive=7) and not paced.policy.may_start(alive=8)  # (1 + 1) x 4 alive at most
+    assert discarding.policy.may_start(alive=63)  # only --max-concurrent-rollouts bounds it

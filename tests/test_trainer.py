@@ -113,3 +113,58 @@ def test_on_cpu_a_step_packs_rows_of_1024_tokens_by_default_and_the_budget_does_
     a, b = default.train_step(batch).metrics, one_row.train_step(synthetic_batch(0, groups=16, n=8)).metrics
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+
+
+def test_the_optimizer_is_adamw_with_the_betas_and_weight_decay_of_the_flags(tiny_model_dir, tmp_path):
+    flags = ["--adam-beta1", "0.8", "--adam-beta2", "0.99", "--weight-decay", "0.1"]
+    group = Trainer(make_args(tmp_path, tiny_model_dir, flags)).optimizer.param_groups[0]
+    assert (group["betas"], group["weight_decay"]) == ((0.8, 0.99), 0.1)
+    default = Trainer(make_args(tmp_path, tiny_model_dir)).optimizer.param_groups[0]
+    assert (default["betas"], default["weight_decay"]) == ((0.9, 0.95), 0.0)
+
+
+def record_applied_grad_norms(trainer: Trainer) -> list[float]:
+    """The global norm of the gradients each optimizer step applies (after any clipping)."""
+    applied: list[float] = []
+
+    def record(optimizer, *_):
+        grads = [p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                 for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        applied.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
+
+    trainer.optimizer.register_step_pre_hook(record)
+    return applied
+
+
+def test_a_gradient_whose_norm_exceeds_clip_grad_is_scaled_to_it_and_clip_grad_0_does_not_clip(
+        tiny_model_dir, tmp_path):
+    """The step's `grad_norm` metric is the norm before clipping; the optimizer applies at most
+    --clip-grad. 0 turns clipping off, as in Megatron (slime's --clip-grad 0), rather than zeroing
+    every gradient."""
+    for flags, bound in ((["--clip-grad", "0.5"], 0.5), ([], 1.0), (["--clip-grad", "0"], None)):
+        trainer = Trainer(make_args(tmp_path, tiny_model_dir, flags))
+        applied = record_applied_grad_norms(trainer)
+        norm = trainer.train_step(synthetic_batch(0)).metrics["grad_norm"]
+        assert norm > 1.0, "the batch's gradient is larger than every bound tried here"
+        assert applied == [pytest.approx(norm if bound is None else bound, rel=1e-4)], flags
+
+
+def test_gradient_checkpointing_keeps_fewer_activations_for_backward_and_gives_the_same_update(
+        tiny_model_dir, tmp_path):
+    def step(*flags):
+        trainer = Trainer(make_args(tmp_path, tiny_model_dir, list(flags)))
+        saved: list[int] = []
+
+        def keep(t: torch.Tensor) -> torch.Tensor:
+            saved.append(t.numel() * t.element_size())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+            metrics = trainer.train_step(synthetic_batch(0)).metrics
+        return trainer.model.is_gradient_checkpointing, sum(saved), metrics
+
+    plain, recomputed = step(), step("--gradient-checkpointing")
+    assert (plain[0], recomputed[0]) == (False, True)
+    assert recomputed[1] < 0.75 * plain[1], (recomputed[1], plain[1])  # the layers' activations are recomputed
+    assert recomputed[2]["loss"] == pytest.approx(plain[2]["loss"], abs=1e-6)
+    assert recomputed[2]["grad_norm"] == pytest.approx(plain[2]["grad_norm"], rel=1e-5)

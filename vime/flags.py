@@ -150,7 +150,7 @@ class VimeArgs:
     weight_decay: float = _training(0.0, "AdamW weight decay.")
     adam_beta1: float = _training(0.9, "AdamW beta1.")
     adam_beta2: float = _training(0.95, "AdamW beta2.")
-    clip_grad: float = _training(1.0, "Gradient-norm clip.")
+    clip_grad: float = _training(1.0, "Gradient-norm clip (0: no clipping, as in Megatron).")
     global_batch_size: int | None = _training(
         None, "Samples per optimizer step (default: rollout-batch-size x n-samples-per-prompt)."
     )
@@ -208,7 +208,8 @@ class VimeArgs:
     opd_type: str | None = _reward(
         None, "OPD: where teacher logprobs come from: vllm, a frozen teacher server scoring each rollout "
         "(--custom-rm-path vime.rollout.on_policy_distillation.reward_func); slime's sglang means the same here "
-        "(default with --use-opd: vllm).", choices=("vllm", "sglang"))
+        "(default with --use-opd: vllm). slime's megatron (a teacher inside the trainer) is refused.",
+        choices=("vllm", "sglang", "megatron"))
     opd_kl_coef: float = _algorithm(1.0, "Weight of the reverse KL to the teacher in the advantage (with --use-opd).")
 
     # checkpoint

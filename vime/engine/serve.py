@@ -20,6 +20,7 @@ command (ports are picked free at each call: run the printed commands as they ar
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import shlex
 import signal
@@ -41,6 +42,18 @@ def server_for(args) -> VLLMServer:
     return VLLMServer(args.hf_checkpoint, server_args=server_args, host=args.engine_host, port=args.engine_port)
 
 
+def refuse_single_server_address(args) -> None:
+    """A topology's servers listen on 127.0.0.1 at free ports that vime picks: --engine-host and
+    --engine-port address the one server of `vime engine` without --vllm-config, and would be ignored."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args)}
+    for flag, name in (("--engine-host", "engine_host"), ("--engine-port", "engine_port")):
+        value = getattr(args, name)
+        if value != defaults[name]:
+            raise ConfigError(f"{flag} {value}: vime engine --vllm-config starts every server of the topology on "
+                              f"127.0.0.1 at a free port (it prints each address); drop {flag}, or start the one "
+                              "server without --vllm-config")
+
+
 def shell_line(command: list[str], env: dict[str, str]) -> str:
     """`command` with the environment it adds to this one, as a shell line."""
     added = {k: v for k, v in env.items() if os.environ.get(k) != v}
@@ -49,6 +62,7 @@ def shell_line(command: list[str], env: dict[str, str]) -> str:
 
 def main(args, argv: list[str]) -> int:
     if args.vllm_config is not None:
+        refuse_single_server_address(args)
         return serve_topology(args, print_only="--print-command" in argv)
     server = server_for(args)
     shown = shell_line(server.command(), server.environment())

@@ -207,7 +207,8 @@ class Trainer:
                     metrics["ref_kl"] = (kl_divergence(lp.detach(), gather(ref_lp), "k1") * wm).sum()
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v) / len(plan)
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad)
+            # --clip-grad 0 is no clipping, as in Megatron; torch would scale every gradient to 0
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad or math.inf)
             grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
             self.optimizer.step()
             self.scheduler.step()
