@@ -109,6 +109,14 @@ EXERCISED = {
     "--lr-decay-style": "test_flag_effects.py::test_the_lr_schedule_flags_shape_the_schedule",
     "--lr-warmup-iters": "test_flag_effects.py::test_the_lr_schedule_flags_shape_the_schedule",
     "--use-dynamic-batch-size": "test_flag_effects.py::test_use_dynamic_batch_size_needs_a_token_budget_and_admits_micro_batch_size",
+    "--eval-input-key": "test_eval.py::test_eval_sets_are_read_with_the_eval_keys",
+    "--eval-label-key": "test_eval.py::test_eval_sets_are_read_with_the_eval_keys",
+    "--eval-tool-key": "test_eval.py::test_eval_sets_are_read_with_the_eval_keys",
+    "--eval-temperature": "test_eval.py::test_eval_flags_parse_as_slime_names_them_and_shape_eval_sampling",
+    "--eval-top-p": "test_eval.py::test_eval_flags_parse_as_slime_names_them_and_shape_eval_sampling",
+    "--eval-top-k": "test_eval.py::test_eval_flags_parse_as_slime_names_them_and_shape_eval_sampling",
+    "--eval-max-response-len": "test_eval.py::test_eval_flags_parse_as_slime_names_them_and_shape_eval_sampling",
+    "--skip-eval-before-train": "test_eval.py::test_eval_flags_parse_as_slime_names_them_and_shape_eval_sampling",
 }
 
 # flag -> (a command line parse_args refuses, a fragment of the one-line reason)
