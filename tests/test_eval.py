@@ -133,3 +133,29 @@ def test_eval_files_are_checked_with_the_eval_keys_before_start(tmp_path):
                      "--eval-label-key", "q", "--eval-prompt-data", "heldout", str(evals))
     with pytest.raises(ConfigError, match=r"e.jsonl:2: no key 'q'"):
         check_prompt_data(args)
+
+
+# ---- rounds and the console --------------------------------------------------------------------
+
+
+def test_rounds_are_due_at_the_baseline_every_n_steps_and_after_the_last():
+    from vime.temporal.training_contract import TrainingConfig
+    from workflows.eval_round import eval_due
+
+    cfg = TrainingConfig("r", num_rollout=5, rollout_batch_size=1, over_sampling_batch_size=1, eval_interval=2)
+    assert [s for s in range(6) if eval_due(cfg, s)] == [0, 2, 4, 5]
+    cfg.skip_eval_before_train = True
+    assert [s for s in range(6) if eval_due(cfg, s)] == [2, 4, 5]
+    cfg.eval_interval = 0
+    assert not any(eval_due(cfg, s) for s in range(6))
+
+
+def test_the_progress_line_shows_the_round_before_the_step_and_a_line_for_the_last():
+    from vime.follow import format_progress
+
+    m = {"step": 1, "reward_mean": 0.25, "eval/heldout/reward_mean": 0.62, "eval/heldout/pass@1": 0.62,
+         "eval/heldout/pass@4": 0.9, "eval_seconds": 3.0}
+    assert "| eval heldout 0.620 pass@4 0.900 (3.0s)" in format_progress(m, 4)
+    assert "eval" not in format_progress({"step": 1, "reward_mean": 0.25}, 4)
+    last = format_progress({"step": 4, "eval_only": True, "eval/heldout/reward_mean": 0.7, "eval_seconds": 2.0}, 4)
+    assert last == "[eval] after step 4/4 | eval heldout 0.700 | 2.0s"

@@ -127,6 +127,9 @@ def training_config(args) -> TrainingConfig:
         fully_async=args.fully_async, max_concurrent_rollouts=args.max_concurrent_rollouts or 0,
         staleness_control=args.staleness_control, max_failed_sample_ratio=args.max_failed_sample_ratio,
         run_argv=list(args.argv),
+        eval_interval=args.eval_interval or 0, skip_eval_before_train=args.skip_eval_before_train,
+        eval_by_function=(args.eval_function_path or args.rollout_function_path) != DEFAULT_ROLLOUT_FUNCTION,
+        n_samples_per_eval_prompt=args.n_samples_per_eval_prompt,
     )
 
 
