@@ -74,3 +74,45 @@ def test_a_run_evaluates_at_0_every_n_steps_and_after_the_last_on_one_policy_ver
         assert by_step[s]["eval_weight_version"] == s
         assert 0 <= by_step[s]["eval/heldout/pass@1"] <= by_step[s]["eval/heldout/pass@4"] <= 1
     assert not any(k.startswith("eval") for k in by_step[1])  # no round before step 1
+
+
+EVAL_FUNCTION = '''
+from vime.rollout.vllm_rollout import generate_rollout
+
+
+async def evaluate(args, rollout_id, data_source, evaluation=False):
+    """slime's eval hook: vime's own eval rollout, every sample tagged."""
+    groups = await generate_rollout(args, rollout_id, data_source, evaluation=True)
+    for group in groups:
+        for sample in group:
+            sample.metadata["by"] = "eval hook"
+    return groups
+'''
+
+
+def test_fully_async_with_an_eval_hook_evaluates_each_round_on_exactly_one_policy_version(
+        training_server, tiny_model_dir, tmp_path):
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"say {i}", "label": "1"} for i in range(8)])
+    heldout = write_jsonl(tmp_path / "heldout.jsonl", [{"prompt": f"count {i}", "label": "1"} for i in range(2)])
+    (tmp_path / "my_eval.py").write_text(EVAL_FUNCTION)
+    argv = [sys.executable, "-m", "vime.cli", "train", "--hf-checkpoint", str(tiny_model_dir),
+            "--prompt-data", str(prompts), "--input-key", "prompt", "--label-key", "label", "--rm-type", "exact_match",
+            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "4",
+            "--rollout-max-response-len", "6", "--run-dir", str(tmp_path / "run"), "--fully-async",
+            "--max-staleness", "1", "--max-concurrent-rollouts", "4",
+            "--eval-interval", "2", "--eval-prompt-data", "heldout", str(heldout), "--n-samples-per-eval-prompt", "2",
+            "--eval-function-path", "my_eval.evaluate", *engine_flags(training_server)]
+    env = {**os.environ, "VIME_LOG_FORMAT": "json", "VIME_LOG_LEVEL": "WARNING",
+           "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    result = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    with SampleStore.open(tmp_path / "run") as store:
+        rounds = store.eval_rounds("run")
+        assert [r.step for r in rounds] == [0, 2, 4]
+        for r in rounds:
+            evals = [s for _, s in store.iter_samples("run", evaluation=True, eval_step=r.step)]
+            assert len(evals) == 4 and all(s.metadata["by"] == "eval hook" for s in evals)
+            for s in evals:  # exactly one version per eval sample, the round's, while training went on around it
+                assert set(sampled_versions(s)) == {r.weight_version}, (r.step, s.weight_versions)
+        train_versions = {s.metadata["weight_version"] for _, s in store.iter_samples("run")}
+    assert len(train_versions) > 1  # the pool trained across versions meanwhile
