@@ -31,6 +31,7 @@ from temporalio.exceptions import ApplicationError
 
 from vime.temporal.retry import final_config_errors
 from vime.temporal.heartbeat import heartbeating
+from activities.eval import EvalActivities
 from activities.hook_notices import watch_hooks
 from vime.temporal.store_calls import store_call
 from vime.engine.health import wait_until_healthy
@@ -77,8 +78,9 @@ class RolloutActivities:
     def __init__(self, args: Any, store: SampleStore) -> None:
         self.runs = RunArgs(args, store.run_argv)
         self.store = store
+        self.evals = EvalActivities(self)  # eval rounds (workflows/eval_round.py)
 
-    async def _run(self, run_id: str) -> tuple[Any, Any]:
+    async def run_context(self, run_id: str) -> tuple[Any, Any]:
         """The run's args and data source (read and built in a store thread: files, the store)."""
         def load():
             return self.runs.args(run_id), self.runs.derived(run_id, "data_source", make_data_source)
@@ -95,10 +97,12 @@ class RolloutActivities:
     @activity.defn(name="generate_group")
     @final_config_errors
     async def generate_group(self, inp: RolloutInput) -> RolloutOutput:
-        args, data_source = await self._run(inp.run_id)
+        if inp.evaluation:  # an eval prompt's group: stored as the round's, never trained
+            return await self.evals.evaluate_group(inp)
+        args, data_source = await self.run_context(inp.run_id)
         group = data_source.prompt_group(inp.position)
         ids = [str(slot.index) for slot in group]  # the slot's id is the rollout's idempotency key
-        stored = await store_call(self._stored, inp.run_id, ids)
+        stored = await store_call(self.stored_group, inp.run_id, ids)
         if stored is not None:  # a retry of a group that was written: answer from the store
             return self._output(inp.position, ids, stored)
 
@@ -106,7 +110,7 @@ class RolloutActivities:
             watch_hooks(activity.client())
         async with heartbeating():
             results = await run_group(args, group, evaluation=inp.evaluation)
-            await self._retry_if_infra(args, results, f"group {inp.position}")
+            await self.retry_if_infra(args, results, f"group {inp.position}")
         check_on_policy((s for r in results for s in r), inp.weight_version, f"group {inp.position} of step {inp.step}")
         keep, reason = ((False, FAILED_SAMPLES) if hook_failures(results)
                         else apply_dynamic_filter(args, [s for r in results for s in r]))
@@ -127,13 +131,13 @@ class RolloutActivities:
         deterministic ids (`s<step>-g<group>-<i>` where the function set none), so a retried
         step stores each rollout once. The data source's buffer does not outlive the activity.
         """
-        args, _ = await self._run(inp.run_id)
+        args, _ = await self.run_context(inp.run_id)
         fn = load_hook(args, "rollout_function_path")
         source = make_data_source(args)
         source.load_state_dict({"position": inp.position})
         async with heartbeating():
             groups = await call_hook_async(fn, args, inp.step, source, evaluation=False)
-            await self._retry_if_infra(args, [list(g) for g in groups], f"rollout step {inp.step}")
+            await self.retry_if_infra(args, [list(g) for g in groups], f"rollout step {inp.step}")
         check_on_policy((s for g in groups for s in g), inp.weight_version, f"rollout step {inp.step}")
         outputs = []
         for g, group in enumerate(groups):
@@ -147,7 +151,7 @@ class RolloutActivities:
             outputs.append(summarize(g, ids, [by_rollout[r] for r in ids], preview=False))  # no group workflow
         return RolloutStepOutput(outputs, getattr(source, "position", inp.position))
 
-    def _stored(self, run_id: str, ids: list[str]) -> list[list[Sample]] | None:
+    def stored_group(self, run_id: str, ids: list[str]) -> list[list[Sample]] | None:
         """The group's rollouts if every one of them is stored (a retry after the write)."""
         if not all(self.store.rollout_refs(run_id, rid) for rid in ids):
             return None
@@ -157,7 +161,7 @@ class RolloutActivities:
         verdict = results[0][0].metadata.get("filter", {}) if results and results[0] else {}
         return summarize(position, ids, results, bool(verdict.get("keep", True)), verdict.get("reason"), earlier=True)
 
-    async def _retry_if_infra(self, args: Any, results: list[list[Sample]], what: str) -> None:
+    async def retry_if_infra(self, args: Any, results: list[list[Sample]], what: str) -> None:
         """Store nothing of a group that hit an infrastructure failure: wait (bounded) for the
         engine to answer, then fail retryably so Temporal generates the group again."""
         infra = _infra_cause(results)

@@ -6,10 +6,10 @@ So each declared flag (`vime.args.flag_fields()`) is in exactly one of these tab
 - `test_flag_math.FLAGS`: the algorithm flags, each flipped through the real loss and advantages;
 - `EXERCISED`: the test (`file::function`) that runs the flag's effect; that test must exist
   and name the flag (its option or its dest);
-- `REFUSED`: a command line with the flag that `parse_args` refuses, and the reason it gives;
-- `NOT_YET_EXERCISED`: flags that are read (the module named reads the dest) but whose effect
-  no test shows yet, each with the reason. This is a debt list: it may shrink, and a new flag
-  may not join it without a reason a reviewer accepts.
+- `REFUSED`: a command line with the flag that `parse_args` refuses, and the reason it gives.
+
+(The debt list of flags read but not yet shown to work is gone: its last two, `--eval-interval`
+and `--eval-function-path`, came with evaluation.)
 
 A newly declared flag that is in none of them fails `test_every_declared_flag_is_accounted_for`.
 """
@@ -122,6 +122,16 @@ EXERCISED = {
     "--lr-decay-style": "test_flag_effects.py::test_the_lr_schedule_flags_shape_the_schedule",
     "--lr-warmup-iters": "test_flag_effects.py::test_the_lr_schedule_flags_shape_the_schedule",
     "--use-dynamic-batch-size": "test_flag_effects.py::test_use_dynamic_batch_size_needs_a_token_budget_and_admits_micro_batch_size",
+    "--eval-input-key": "test_eval.py::test_eval_sets_are_read_with_the_eval_keys",
+    "--eval-label-key": "test_eval.py::test_eval_sets_are_read_with_the_eval_keys",
+    "--eval-tool-key": "test_eval.py::test_eval_sets_are_read_with_the_eval_keys",
+    "--eval-temperature": "test_eval.py::test_eval_flags_parse_as_slime_names_them_and_shape_eval_sampling",
+    "--eval-top-p": "test_eval.py::test_eval_flags_parse_as_slime_names_them_and_shape_eval_sampling",
+    "--eval-top-k": "test_eval.py::test_eval_flags_parse_as_slime_names_them_and_shape_eval_sampling",
+    "--eval-max-response-len": "test_eval.py::test_eval_flags_parse_as_slime_names_them_and_shape_eval_sampling",
+    "--eval-interval": "test_eval_run.py::test_a_run_evaluates_at_0_every_n_steps_and_after_the_last_on_one_policy_version_each",
+    "--eval-function-path": "test_eval_run.py::test_fully_async_with_an_eval_hook_evaluates_each_round_on_exactly_one_policy_version",
+    "--skip-eval-before-train": "test_eval.py::test_eval_flags_parse_as_slime_names_them_and_shape_eval_sampling",
 }
 
 # flag -> (a command line parse_args refuses, a fragment of the one-line reason)
@@ -131,14 +141,6 @@ REFUSED = {
     "--opd-type": (["--use-opd", "--opd-type", "megatron"],  # vllm and sglang both name the one teacher vime has
                    "--opd-type megatron: vime has no teacher inside the trainer; its teacher is a server"),
 }
-
-# flag -> (the module that reads it (checked), why no test shows its effect yet)
-EVALUATION_BEING_BUILT = "durable evaluation in every run is being built under issue #23; its tests come with it"
-NOT_YET_EXERCISED = {
-    "--eval-function-path": ("vime/preflight.py", EVALUATION_BEING_BUILT),
-    "--eval-interval": ("vime/args_resolve.py", EVALUATION_BEING_BUILT),
-}
-
 
 def _dest(option: str) -> str:
     return option.removeprefix("--").replace("-", "_")
@@ -151,7 +153,7 @@ def _math_flags() -> set[str]:
 def test_every_declared_flag_is_accounted_for():
     declared = {_option(f) for f in flag_fields()}
     tables = {"test_flag_math.FLAGS": _math_flags() & declared, "EXERCISED": set(EXERCISED),
-              "REFUSED": set(REFUSED), "NOT_YET_EXERCISED": set(NOT_YET_EXERCISED)}
+              "REFUSED": set(REFUSED)}
     missing = declared - set().union(*tables.values())
     assert not missing, (f"{sorted(missing)}: declared but neither exercised nor refused; add the test that shows "
                          "the effect to EXERCISED, or refuse the flag with its reason (REFUSED)")
@@ -189,13 +191,6 @@ def test_a_refused_flag_is_refused_with_its_reason(option):
     with pytest.raises(ConfigError) as info:
         parse_args(argv)
     assert reason in str(info.value)
-
-
-@pytest.mark.parametrize("option", sorted(NOT_YET_EXERCISED))
-def test_a_flag_without_an_effect_test_is_at_least_read(option):
-    module, reason = NOT_YET_EXERCISED[option]
-    assert reason, f"{option}: say why no test shows its effect yet"
-    assert _dest(option) in (ROOT / module).read_text(), f"{option}: {module} does not read {_dest(option)}"
 
 
 def test_the_lr_schedule_flags_shape_the_schedule():

@@ -105,6 +105,29 @@ def test_samples_lists_step_reward_status_version_failure_and_a_preview(run_stor
     assert "g0/0" in table and "3 of 6 samples (next: --offset 3)" in table
 
 
+def test_samples_eval_lists_the_eval_samples_by_round_and_set_apart_from_training(run_store, store_location,
+                                                                                 tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    with SampleStore.open(store_location) as store:
+        for step in (0, 2):
+            store.write_rollouts(RUN, {f"eval{step}-{name}-0": [sample(tok, "q", "1", 1.0, versions=(step,),
+                                                                      metadata={"eval_set": name})]
+                                       for name in ("aime", "gsm")}, eval_step=step)
+
+    def listed(*flags: str) -> dict:
+        out = vime("samples", RUN, *run_store, "--json", *flags)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    assert listed()["total"] == 6, "the training samples only, as before"
+    evals = listed("--eval")["samples"]
+    assert [(s["key"], s["step"], s["version"]) for s in evals] == [
+        ("eval0-aime-0/0", 0, "0"), ("eval0-gsm-0/0", 0, "0"), ("eval2-aime-0/0", 2, "2"), ("eval2-gsm-0/0", 2, "2")]
+    assert [s["key"] for s in listed("--dataset", "gsm", "--step", "2")["samples"]] == ["eval2-gsm-0/0"]
+
+
 def test_show_prints_prompt_response_tokens_by_loss_mask_and_the_failure(run_store):
     shown = vime("show", RUN, "agent", *run_store, "--tokens", "--color", "always")
     assert shown.returncode == 0, shown.stderr

@@ -319,6 +319,29 @@ def test_mark_trained_is_idempotent_for_a_step_and_refuses_a_second_step(store: 
     assert steps == {"a/0": 5, "a/1": 5, "b/0": 6}
 
 
+def test_eval_samples_are_apart_from_training_and_never_trained(store: SampleStore) -> None:
+    store.write_rollouts(RUN, {"a": [random_sample(1)]})
+    store.write_rollouts(RUN, {"eval0-h-0": [random_sample(2)], "eval0-h-1": [random_sample(3)]}, eval_step=0)
+    store.write_rollouts(RUN, {"eval2-h-0": [random_sample(4)]}, eval_step=2)
+    assert [r.key for r, _ in store.iter_samples(RUN)] == ["a/0"], "training samples only, by default"
+    assert store.count_samples(RUN, evaluation=True) == 3 and store.count_samples(RUN, evaluation=None) == 4
+    assert [r.key for r, _ in store.iter_samples(RUN, eval_step=0)] == ["eval0-h-0/0", "eval0-h-1/0"]
+    with pytest.raises(ConfigError, match="'eval0-h-0/0' .* is an eval sample .* never trained"):
+        store.mark_trained(RUN, ["a/0", "eval0-h-0/0"], step=0)
+    with pytest.raises(ConfigError, match="rollout 'eval2-h-0' .* is an eval rollout"):
+        store.write_step_manifest(RUN, 0, ["a", "eval2-h-0"])
+    assert store.count_samples(RUN, untrained=True, evaluation=None) == 4, "a refused batch marks nothing"
+
+
+def test_an_eval_round_is_recorded_once(store: SampleStore) -> None:
+    assert store.read_eval_round(RUN, 2) is None
+    first = store.write_eval_round(RUN, 2, 2, {"eval/h/pass@1": 0.5})
+    again = store.write_eval_round(RUN, 2, 2, {"eval/h/pass@1": 0.9})  # a retry that graded otherwise
+    assert again == first and store.read_eval_round(RUN, 2).metrics == {"eval/h/pass@1": 0.5}
+    store.write_eval_round(RUN, 0, 0, {"eval/h/pass@1": 0.1})
+    assert [r.step for r in store.eval_rounds(RUN)] == [0, 2]
+
+
 # ---- trajectory turns ------------------------------------------------------------------------
 
 

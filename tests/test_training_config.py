@@ -10,7 +10,7 @@ from vime.launch import training_config
 from vime.temporal.training_contract import NO_FLAG, TrainingConfig
 
 DERIVED = {"over_sampling_batch_size", "save", "trainer_heartbeat_seconds", "rollout_heartbeat_seconds",
-           "custom_rollout_function", "rollout_workflow", "max_concurrent_rollouts", "run_argv"}
+           "custom_rollout_function", "rollout_workflow", "max_concurrent_rollouts", "run_argv", "eval_by_function"}
 
 
 def test_every_field_is_a_flag_of_its_name_derived_or_set_by_no_flag():

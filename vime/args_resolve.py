@@ -19,7 +19,7 @@ _POSITIVE = (
     "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size", "global_batch_size",
     "micro_batch_size", "num_rollout", "num_epoch", "rollout_max_response_len", "rollout_max_prompt_len",
     "max_tokens_per_gpu", "save_interval", "eval_interval", "vllm_num_servers", "sft_num_steps",
-    "n_samples_per_eval_prompt", "max_concurrent_rollouts", "update_weight_buffer_size",
+    "n_samples_per_eval_prompt", "max_concurrent_rollouts", "update_weight_buffer_size", "eval_max_response_len",
 )
 _NON_NEGATIVE = ("max_staleness", "continue_as_new_after_steps", "lr", "min_lr", "lr_warmup_iters", "weight_decay",
                  "clip_grad", "eps_clip", "kl_coef", "kl_loss_coef", "entropy_coef", "tis_clip_low",
@@ -92,8 +92,7 @@ def resolve(args: Any) -> None:
         raise ConfigError("set only one of --kl-coef (reward penalty) and --kl-loss-coef (loss term)")
     if args.advantage_estimator.startswith("reinforce_plus_plus") and not args.normalize_advantages:
         raise ConfigError(f"--advantage-estimator {args.advantage_estimator} needs --normalize-advantages")
-    if args.eval_interval is not None and not args.eval_prompt_data:
-        raise ConfigError("--eval-interval needs --eval-prompt-data (name path pairs)")
+    _check_eval_flags(args)
     if args.use_dynamic_batch_size and args.max_tokens_per_gpu is None:
         raise ConfigError("--use-dynamic-batch-size needs --max-tokens-per-gpu")
     if args.micro_batch_size != 1 and not args.use_dynamic_batch_size:
@@ -130,6 +129,23 @@ def resolve(args: Any) -> None:
         if served and not (args.vllm_router_ip or args.vllm_router_port):  # the servers run already (a
             url = urlsplit(served)  # cluster, `vime engine --vllm-config`): generate calls the rollout model's
             args.vllm_router_ip, args.vllm_router_port = url.hostname, url.port or 80
+
+
+def _check_eval_flags(args: Any) -> None:
+    """The eval flags describe sets vime can evaluate: name path pairs with usable names, and
+    sampling settings that are a policy (temperature 0 is greedy decoding, fine for evaluation)."""
+    from vime.rollout.eval_data import eval_sets
+
+    if args.eval_interval is not None and not args.eval_prompt_data:
+        raise ConfigError("--eval-interval needs --eval-prompt-data (name path pairs)")
+    eval_sets(args)  # pairs, names
+    if args.eval_temperature is not None and args.eval_temperature < 0:
+        raise ConfigError(f"--eval-temperature must be >= 0 (0: greedy), got {args.eval_temperature}")
+    if args.eval_top_p is not None and not 0 < args.eval_top_p <= 1:
+        raise ConfigError(f"--eval-top-p must be in (0, 1], got {args.eval_top_p}")
+    if args.eval_interval is not None and args.rollout_env != "groups":
+        raise ConfigError(f"--eval-interval with --rollout-env {args.rollout_env}: eval rounds run through the "
+                          "default environment (groups) only so far; drop --eval-interval or use --rollout-env groups")
 
 
 def _model_urls(pairs: list[str]) -> dict[str, str]:

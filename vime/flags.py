@@ -128,9 +128,23 @@ class VimeArgs:
     staleness_control: str = _rollout(
         "pace", "Fully async: pace (start no group that would exceed --max-staleness) or discard (keep the pool "
                 "full; drop and count groups past the bound).", choices=("pace", "discard"))
-    eval_function_path: str | None = _rollout(None, "Eval rollout function (default: --rollout-function-path).")
-    eval_interval: int | None = _rollout(None, "Evaluate every N rollout steps.")
-    n_samples_per_eval_prompt: int = _rollout(1, "Responses per eval prompt.")
+    eval_function_path: str | None = _rollout(
+        None, "Eval rollout function, slime's hook: generate_rollout(args, rollout_id, data_source, evaluation=True) "
+              "-> {set: {rewards, truncated, samples}} or eval groups (default: --rollout-function-path; vime's "
+              "own evaluates each eval prompt as a durable group workflow).")
+    eval_interval: int | None = _rollout(
+        None, "Evaluate the --eval-prompt-data sets at step 0, every N steps and after the last step.")
+    skip_eval_before_train: bool = _rollout(False, "No eval round at step 0 (the baseline).")
+    n_samples_per_eval_prompt: int = _rollout(1, "Responses per eval prompt (pass@k for k up to this).")
+    eval_input_key: str | None = _rollout(None, "Record key of the eval prompt (default: --input-key).")
+    eval_label_key: str | None = _rollout(None, "Record key of the eval label (default: --label-key).")
+    eval_tool_key: str | None = _rollout(None, "Record key of the eval tools (default: --tool-key).")
+    eval_temperature: float | None = _rollout(None, "Eval sampling temperature (default: --rollout-temperature; "
+                                                    "0: greedy).")
+    eval_top_p: float | None = _rollout(None, "Eval sampling top-p (default: --rollout-top-p).")
+    eval_top_k: int | None = _rollout(None, "Eval sampling top-k (default: --rollout-top-k).")
+    eval_max_response_len: int | None = _rollout(None, "Eval max_tokens per response (default: "
+                                                       "--rollout-max-response-len).")
 
     # reward
     custom_rm_path: str | None = _reward(None, "async rm(args, sample) -> float; with --group-rm samples -> list.")

@@ -39,8 +39,24 @@ log = get_logger(__name__)
 QUERY_TIMEOUT_S = 10.0
 
 
+def format_eval(m: dict) -> str:
+    """An eval round's sets, `eval heldout 0.620 pass@4 0.750`: mean reward, and the pass@k of
+    the most samples per prompt when there are several."""
+    sets = sorted({k.split("/")[1] for k in m if k.startswith("eval/") and k.endswith("/reward_mean")})
+    parts = []
+    for name in sets:
+        ks = sorted(int(k.rsplit("@", 1)[1]) for k in m if k.startswith(f"eval/{name}/pass@"))
+        top = f" pass@{ks[-1]} {m[f'eval/{name}/pass@{ks[-1]}']:.3f}" if ks and ks[-1] > 1 else ""
+        parts.append(f"eval {name} {m[f'eval/{name}/reward_mean']:.3f}{top}")
+    return " | ".join(parts)
+
+
 def format_progress(m: dict, total: int) -> str:
-    """One line per finished step: a bar, reward, KL, length, throughput and time per phase."""
+    """One line per finished step: a bar, reward, KL, length, throughput and time per phase, and
+    the eval round before the step when there was one. The round after the last step has a line
+    of its own."""
+    if m.get("eval_only"):
+        return f"[eval] after step {m['step']}/{total} | {format_eval(m)} | {m.get('eval_seconds', 0):.1f}s"
     done = m["step"] + 1
     bar = "#" * int(20 * done / max(1, total))
     kl = m.get("kl_loss", m.get("ref_kl"))
@@ -52,7 +68,8 @@ def format_progress(m: dict, total: int) -> str:
             + (f" dropped {m['dropped_groups']}" if m.get("dropped_groups") else "")
             + (f" | failed {m['failed_samples']}" if m.get("failed_samples") else "")
             + f" | rollout {m.get('rollout_wait_seconds', 0):.1f}s train {m.get('train_phase_seconds', 0):.1f}s"
-            + f" sync {m.get('sync_seconds', 0):.2f}s (pause {m.get('sync_pause_seconds', 0):.3f}s)")
+            + f" sync {m.get('sync_seconds', 0):.2f}s (pause {m.get('sync_pause_seconds', 0):.3f}s)"
+            + (f" | {format_eval(m)} ({m.get('eval_seconds', 0):.1f}s)" if "eval_seconds" in m else ""))
 
 
 class RunFailed(ConfigError):
@@ -73,6 +90,7 @@ class Follower:
     started_at: float = field(default_factory=time.time)  # steps that finished after this are this launch's
     progress: dict = field(default_factory=dict)  # the last progress the workflow reported
     printed: list[int] = field(default_factory=list)  # steps finished (and printed) by this launch
+    evals_printed: list[int] = field(default_factory=list)  # eval rounds after the last step, printed
     noticed: set = field(default_factory=set)  # workers' notices printed, as (time, line)
 
     async def follow(self) -> TrainingState:
@@ -156,8 +174,9 @@ class Follower:
         for m in p.get("metrics", []):
             mine = m["step"] >= self.start_step if self.start_step is not None else (
                 m.get("finished_at", 0.0) >= self.started_at)  # attached: what finished since this launch began
-            if mine and m["step"] not in self.printed:
-                self.printed.append(m["step"])
+            seen = self.evals_printed if m.get("eval_only") else self.printed
+            if mine and m["step"] not in seen:
+                seen.append(m["step"])
                 print(format_progress(m, total), flush=True)
 
     async def _query(self) -> dict | None:

@@ -120,7 +120,9 @@ def training_config(args) -> TrainingConfig:
         trainer_heartbeat_seconds=args.heartbeat_timeout, rollout_heartbeat_seconds=args.heartbeat_timeout,
         custom_rollout_function=args.rollout_function_path != DEFAULT_ROLLOUT_FUNCTION,
         rollout_workflow=load_environment(args.rollout_env).group_workflow,
-        max_concurrent_rollouts=args.max_concurrent_rollouts or 0, run_argv=list(args.argv))
+        max_concurrent_rollouts=args.max_concurrent_rollouts or 0, run_argv=list(args.argv),
+        eval_interval=args.eval_interval or 0,
+        eval_by_function=(args.eval_function_path or args.rollout_function_path) != DEFAULT_ROLLOUT_FUNCTION)
 
 
 _ENDED = {WorkflowExecutionStatus.FAILED: "failed", WorkflowExecutionStatus.TERMINATED: "was terminated",

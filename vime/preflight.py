@@ -212,7 +212,7 @@ def _token_table(tokenizer_json: dict) -> dict[int, str]:
 def check_prompt_data(args: Any) -> None:
     """Every record of `--prompt-data` (and of each `--eval-prompt-data` set) reads as a prompt:
     the file exists and is .jsonl or .parquet, is not empty, its rows parse, and each has
-    `--input-key` (and `--label-key` when set) holding a prompt that is not empty, with
+    `--input-key` (and `--label-key` when set; for eval sets, the `--eval-*-key` flags) holding a prompt that is not empty, with
     `--metadata-key` / `--tool-key` of the right type when present. `--prompt-data` has at least
     the `--rollout-batch-size` prompts one step takes.
 
@@ -228,10 +228,10 @@ def check_prompt_data(args: Any) -> None:
         check_enough_prompts(args, prompts)
     eval_function = args.eval_function_path or args.rollout_function_path
     if args.eval_prompt_data and eval_function == VimeArgs.rollout_function_path:
-        from vime.rollout.vllm_rollout import eval_sets
+        from vime.rollout.eval_data import eval_keys, eval_sets
 
         for _, path in eval_sets(args):
-            check_prompt_file(path, flag="--eval-prompt-data", **keys)
+            check_prompt_file(path, flag="--eval-prompt-data", **eval_keys(args))
 
 
 def check_enough_prompts(args: Any, prompts: int) -> None:

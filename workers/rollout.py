@@ -61,7 +61,7 @@ async def serve(args) -> None:
         ensure_run(args, store)
         acts = RolloutActivities(args, store)
         activities = [acts.register_run, acts.generate_group, acts.generate_rollout_step, *StepActivities(store).all(),
-                      MetricsActivities(acts.runs).record_metrics]
+                      MetricsActivities(acts.runs).record_metrics, *acts.evals.all()]
         envs = served_environments(args)
         if args.sandbox_backend == "bwrap":  # any environment's sandboxes (agent
             from vime.sandbox.bwrap import reap_stale_workdirs  # sessions, tool calls) left by a

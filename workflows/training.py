@@ -1,9 +1,9 @@
 """TrainingWorkflow (`train-<run>`): finished rollouts in, update steps out.
 
-Per rollout step: gather `rollout_batch_size` kept prompt groups from RolloutWorkflows, record
-the step's manifest in the store (`record_step`: its rollout ids, written once), `train_step`
-on the trainer's own task queue, `sync_weights` into the vLLM servers, and a checkpoint on
-schedule. The workflow is a consumer of a stream of finished rollouts: the rollouts of step s
+Per rollout step: an eval round when one is due (`workflows.eval_round`), then gather
+`rollout_batch_size` kept prompt groups from RolloutWorkflows, record the step's manifest in the
+store (`record_step`: its rollout ids, written once), `train_step` on the trainer's own task
+queue, `sync_weights` into the vLLM servers, and a checkpoint on schedule. The workflow is a consumer of a stream of finished rollouts: the rollouts of step s
 may start while the policy is at most `max_staleness` versions behind step s;
 `max_staleness=0` is synchronous on-policy training.
 
@@ -54,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     # re-exported here for the modules that still import it from this one.
     from vime.temporal.training_contract import (NOTICE_SIGNAL, PROGRESS_QUERY, TRAINER_LOST_SIGNAL,
                                                  TRAINING_WORKFLOW, TrainingConfig, TrainingInput, TrainingState)
+    from workflows.eval_round import EvalRounds
     from workflows.step_collection import StepCollection
     # Temporal decodes an activity's result by its dataclass's type hints, evaluated in the
     # dataclass's module as this workflow's sandbox sees it; a module only imported by the
@@ -85,6 +86,7 @@ class TrainingWorkflow:
         self.phase = "starting"
         self.trainer = TrainerSession(self._set_phase)  # pick, attach, train, sync, checkpoint, release
         self.rollouts = StepCollection()  # sync rounds, custom rollout function, or the async pool
+        self.evals = EvalRounds()  # eval rounds at step boundaries (--eval-interval)
         self.notices: list[dict] = []  # the latest lines workers sent for the console (`notice`)
 
     def _set_phase(self, phase: str) -> None:
@@ -129,11 +131,12 @@ class TrainingWorkflow:
             raise
 
     async def _run(self, inp: TrainingInput) -> TrainingState:
-        """The step loop: collect a step's groups, train, sync, record, checkpoint; continue as new
-        when the history grows long."""
+        """The step loop: an eval round when due, collect a step's groups, train, sync, record,
+        checkpoint; continue as new when the history grows long; a last eval round."""
         cfg, self.cfg, self.state = inp.config, inp.config, inp.state
         self.trainer.begin(cfg, self.state)
         self.rollouts.begin(cfg, self.state)
+        self.evals.begin(cfg, self.state)
         workflow.upsert_search_attributes([RUN_ID.value_set(cfg.run_id), ROLLOUT_STATUS.value_set("training")])
         await self._register_run()
         await self.rollouts.find_recorded()
@@ -144,6 +147,7 @@ class TrainingWorkflow:
                 self.rollouts.start_pool()
         while self.state.step < cfg.num_rollout:
             step = self.state.step
+            evaluated = await self._evaluate(step)
             self.phase = "rollout"
             t0 = workflow.time()
             prepared = await self._await_rollouts(self.rollouts.collect(step))
@@ -158,9 +162,9 @@ class TrainingWorkflow:
                            rollout_wait_seconds=t1 - t0, train_phase_seconds=t2 - t1,
                            sync_seconds=workflow.time() - t2, sync_pause_seconds=sync.get("pause_seconds", 0.0),
                            finished_at=workflow.now().timestamp(),
-                           **{f"sync_{k}": sync[k] for k in ("wire_bytes", "changed", "total") if k in sync})
-            self.state.metrics = (self.state.metrics + [metrics])[-KEEP_METRICS:]
-            await self._record_metrics(step, metrics)
+                           **{f"sync_{k}": sync[k] for k in ("wire_bytes", "changed", "total") if k in sync},
+                           **evaluated)
+            await self._record_metrics(step, self._keep_metrics(metrics))
             if cfg.save and (self.state.step % (cfg.save_interval or cfg.num_rollout) == 0
                              or self.state.step == cfg.num_rollout):
                 await self.trainer.checkpoint()
@@ -169,10 +173,27 @@ class TrainingWorkflow:
             if self.state.step < cfg.num_rollout and self._continue_as_new_due(steps_this_run):
                 await self._continue_as_new()
         await self.rollouts.finish()
+        if final := await self._evaluate(cfg.num_rollout):  # after the last step
+            await self._record_metrics(cfg.num_rollout, self._keep_metrics(
+                {"step": cfg.num_rollout, "eval_only": True, "weight_version": self.state.weight_version,
+                 "finished_at": workflow.now().timestamp(), **final}))
         await self.trainer.release()
         self.phase = "done"
         workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("done")])
         return self.state
+
+    def _keep_metrics(self, metrics: dict) -> dict:
+        self.state.metrics = (self.state.metrics + [metrics])[-KEEP_METRICS:]
+        return metrics
+
+    async def _evaluate(self, step: int) -> dict:
+        """The eval round at the boundary before training step `step` (`num_rollout`: after the
+        last), when one is due: every eval sample from the weights of the sync before it, the
+        policy the run stands at (`workflows.eval_round`); its figures go in the step's metrics."""
+        if not self.evals.due(step):
+            return {}
+        self.phase = "eval"
+        return await self._await_rollouts(self.evals.run(step))
 
     async def _register_run(self) -> None:
         """Record the run's flags in the store, before any worker needs the run's config."""
@@ -200,6 +221,7 @@ class TrainingWorkflow:
         the trainer."""
         self.phase = "cancelling"
         await self.rollouts.cancel()
+        await workflow.wait_condition(lambda: self.evals.running == 0)
         await self.trainer.release()
         workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("cancelled")])
 

@@ -67,7 +67,11 @@ def runs_main(argv: list[str]) -> int:
 def samples_main(argv: list[str]) -> int:
     parser = run_parser("vime samples", "A run's stored samples, in the order they were written: train step, "
                         "reward, status, policy version, length, failure and a preview of the response.")
-    parser.add_argument("--step", type=int, help="only the samples train step STEP consumed")
+    parser.add_argument("--step", type=int, help="only the samples train step STEP consumed (with --eval: the eval "
+                        "round at step STEP)")
+    parser.add_argument("--eval", action="store_true", help="the eval samples instead of the training samples "
+                        "(STEP: their round)")
+    parser.add_argument("--dataset", help="only the eval samples of this eval set (implies --eval)")
     parser.add_argument("--status", choices=["completed", "truncated", "aborted", "failed", "pending"])
     parser.add_argument("--rollout", help="only this rollout's samples")
     parser.add_argument("--untrained", action="store_true", help="only samples no step has trained on")
@@ -78,7 +82,8 @@ def samples_main(argv: list[str]) -> int:
     parser.add_argument("--offset", type=int, default=0)
     args = parser.parse_args(argv)
     f = SampleFilter(step=args.step, status=args.status, rollout=args.rollout, untrained=args.untrained,
-                     failed=args.failed, where=args.where, limit=args.limit or 2**31 - 1, offset=args.offset)
+                     failed=args.failed, where=args.where, evaluation=args.eval, dataset=args.dataset,
+                     limit=args.limit or 2**31 - 1, offset=args.offset)
     with open_existing(store_for(args)) as store:
         if args.run not in {r.run_id for r in run_summaries(store)}:
             raise ConfigError(f"run {args.run!r} is not in the store at {store_for(args)}; `vime runs` lists the runs")

@@ -45,7 +45,7 @@ class RunSummary:
 class SampleLine:
     key: str
     rollout_id: str
-    step: int | None  # the train step that consumed it; None while untrained
+    step: int | None  # the train step that consumed it (None while untrained); an eval sample's round
     reward: float | dict | None
     status: str
     version: str  # the policy version(s) that sampled its response
@@ -87,15 +87,22 @@ class SampleFilter:
     untrained: bool = False
     failed: bool = False
     where: str | None = None  # an SQL condition over the samples table's columns
+    evaluation: bool = False  # the eval samples (step: the round's) instead of the training samples
+    dataset: str | None = None  # eval samples of this eval set only
     limit: int = 20
     offset: int = 0
 
 
 def sample_lines(store: SampleStore, run_id: str, f: SampleFilter) -> tuple[list[SampleLine], int]:
     """The matching samples in write order (a page of them), and how many match in all."""
-    conditions = [SampleRow.run_id == run_id]
+    evaluation = f.evaluation or f.dataset is not None
+    step_column = SampleRow.eval_step if evaluation else SampleRow.trained_step
+    conditions = [SampleRow.run_id == run_id,
+                  SampleRow.eval_step.is_not(None) if evaluation else SampleRow.eval_step.is_(None)]
     if f.step is not None:
-        conditions.append(SampleRow.trained_step == f.step)
+        conditions.append(step_column == f.step)
+    if f.dataset is not None:
+        conditions.append(SampleRow.sample_metadata["eval_set"].as_string() == f.dataset)
     if f.status:
         conditions.append(SampleRow.status == f.status)
     if f.rollout:
@@ -106,7 +113,7 @@ def sample_lines(store: SampleStore, run_id: str, f: SampleFilter) -> tuple[list
         conditions.append(SampleRow.status.in_(FAILED))
     if f.where:
         conditions.append(text(f"({f.where})"))
-    columns = [SampleRow.key, SampleRow.rollout_id, SampleRow.trained_step, SampleRow.reward, SampleRow.reward_json,
+    columns = [SampleRow.key, SampleRow.rollout_id, step_column.label("step"), SampleRow.reward, SampleRow.reward_json,
                SampleRow.status, SampleRow.weight_versions, SampleRow.response_length, SampleRow.response,
                SampleRow.sample_metadata]
     page = select(*columns).where(and_(*conditions)).order_by(SampleRow.id).limit(f.limit).offset(f.offset)
@@ -125,7 +132,7 @@ def sample_lines(store: SampleStore, run_id: str, f: SampleFilter) -> tuple[list
 def _line(r) -> SampleLine:
     meta = r.metadata or {}
     failure, cause = failure_of(r.status, meta)
-    return SampleLine(key=r.key, rollout_id=r.rollout_id, step=r.trained_step,
+    return SampleLine(key=r.key, rollout_id=r.rollout_id, step=r.step,
                       reward=r.reward if r.reward is not None else r.reward_json, status=r.status,
                       version=versions_text(r.weight_versions), length=r.response_length, failure=failure,
                       cause=cause, preview=preview(r.response))

@@ -56,7 +56,8 @@ def collect(store: SampleStore, run_id: str, metrics: list[dict[str, Any]], top:
         config = conn.execute(select(RunRow.config).where(RunRow.run_id == run_id)).scalar_one_or_none()
         rows = conn.execute(select(SampleRow.key, SampleRow.trained_step, SampleRow.reward, SampleRow.status,
                                    SampleRow.response_length, SampleRow.response, SampleRow.sample_metadata)
-                            .where(SampleRow.run_id == run_id).order_by(SampleRow.id)).all()
+                            .where(SampleRow.run_id == run_id, SampleRow.eval_step.is_(None))  # training samples
+                            .order_by(SampleRow.id)).all()
     data = RunData(run_id, config or {}, metrics, samples=len(rows))
     lines = []
     for r in rows:
@@ -73,8 +74,9 @@ def collect(store: SampleStore, run_id: str, metrics: list[dict[str, Any]], top:
 
 def render_html(data: RunData) -> str:
     charts = [chart for title, keys in CHARTS if (chart := _metric_chart(title, keys, data.metrics))]
-    steps = len(data.metrics)
-    last = data.metrics[-1] if data.metrics else {}
+    trained = [m for m in data.metrics if not m.get("eval_only")]  # not the eval round after the last step
+    steps = len(trained)
+    last = trained[-1] if trained else {}
     facts = [("run", data.run_id), ("model", data.config.get("hf_checkpoint", "?")),
              ("steps reported", steps), ("samples stored", data.samples),
              ("last mean reward", _num(last.get("reward_mean"))),

@@ -74,7 +74,7 @@ def status_main(argv: list[str]) -> int:
 def _line(s: dict) -> str:
     where = f"step {s.get('step', '?')}/{s.get('num_rollout', '?')}"
     if s["source"] == "workflow":
-        last = (s.get("metrics") or [{}])[-1] if s.get("metrics") else {}
+        last = next((m for m in reversed(s.get("metrics") or []) if not m.get("eval_only")), {})
         reward = last.get("reward_mean")
         return (f"run {s['run_id']}: {s['workflow']}, {where}, phase {s.get('phase')}, policy version "
                 f"{s.get('weight_version')}" + (f", last reward {reward:.3f}" if reward is not None else "")

@@ -325,9 +325,13 @@ class PromptDataset:
                         max_prompt_len=max_prompt_len)
 
     @classmethod
-    def from_args(cls, args: Any, path: str | None = None, *, flag: str = "--prompt-data") -> PromptDataset:
-        """The dataset `args` describes (`path` overrides `--prompt-data`, for eval sets)."""
+    def from_args(cls, args: Any, path: str | None = None, *, flag: str = "--prompt-data",
+                  keys: dict[str, Any] | None = None) -> PromptDataset:
+        """The dataset `args` describes (`path` overrides `--prompt-data` and `keys` the record
+        keys, for eval sets: `vime.rollout.eval_data`)."""
         path = path or args.prompt_data
+        keys = keys or {"input_key": args.input_key, "label_key": args.label_key,
+                        "metadata_key": args.metadata_key, "tool_key": args.tool_key}
         if not path:
             raise ConfigError(f"{flag} is not set; point it at a .jsonl or .parquet prompt file")
         needs_tokenizer = args.apply_chat_template or args.rollout_max_prompt_len is not None
@@ -337,10 +341,7 @@ class PromptDataset:
         return cls(
             path,
             tokenizer=tokenization.tokenizer_for(args) if needs_tokenizer else None,
-            input_key=args.input_key,
-            label_key=args.label_key,
-            metadata_key=args.metadata_key,
-            tool_key=args.tool_key,
+            **keys,
             apply_chat_template=args.apply_chat_template,
             apply_chat_template_kwargs=args.apply_chat_template_kwargs,
             max_prompt_len=args.rollout_max_prompt_len,

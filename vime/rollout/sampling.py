@@ -20,9 +20,11 @@ _SEED_MOD = 2**63
 
 
 def _eval_or(args: Any, name: str, evaluation: bool) -> Any:
-    """`args.eval_<name>` during evaluation when a custom args object sets it, else `args.rollout_<name>`."""
+    """`args.eval_<name>` during evaluation when set (`--eval-temperature`, `--eval-top-p`,
+    `--eval-top-k`, `--eval-max-response-len`), else `args.rollout_<name>`."""
     if evaluation:
-        value = getattr(args, f"eval_{name}", None)  # no such flag: only a hook's own args object has one
+        # user namespace: a hook's own args object may lack the eval flags; vime declares no eval_stop*
+        value = getattr(args, f"eval_{name}", None)
         if value is not None:
             return value
     return getattr(args, f"rollout_{name}")

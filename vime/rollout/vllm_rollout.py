@@ -28,7 +28,7 @@ from typing import Any
 
 from vime.errors import ConfigError
 from vime.log import get_logger
-from vime.rollout.dataset import PromptDataset
+from vime.rollout.eval_data import eval_dataset, eval_prompt_group, eval_sets
 from vime.rollout.filters import apply_dynamic_filter
 from vime.rollout.generate import close_engine_clients
 from vime.rollout.group import gather_or_cancel, run_group
@@ -42,7 +42,6 @@ MAX_GROUPS_FACTOR = 8
 A safety bound against a filter that drops (nearly) everything, not a tuning knob: a run that
 keeps fewer than 1 group in 8 is better served by a warning (`rollout.short`) than by a flag."""
 
-_EVAL_DATASETS: dict[tuple, PromptDataset] = {}
 
 
 def _flatten(rollouts: list[list[Sample]]) -> list[Sample]:
@@ -127,22 +126,6 @@ def _hand_back(data_source: Any, groups: list[list[Sample]]) -> None:
 # ---- evaluation ----------------------------------------------------------------------------------
 
 
-def eval_sets(args: Any) -> list[tuple[str, str]]:
-    """`--eval-prompt-data name path [name path ...]` as `(name, path)` pairs."""
-    values = list(args.eval_prompt_data or [])
-    if len(values) % 2:
-        raise ConfigError(f"--eval-prompt-data takes name path pairs, got {len(values)} values: {values}")
-    return list(zip(values[0::2], values[1::2], strict=True))
-
-
-def _eval_dataset(args: Any, path: str) -> PromptDataset:
-    key = (path, args.hf_checkpoint, args.input_key, args.label_key, args.metadata_key,
-           args.tool_key, args.apply_chat_template, repr(args.apply_chat_template_kwargs), args.rollout_max_prompt_len)
-    if key not in _EVAL_DATASETS:
-        _EVAL_DATASETS[key] = PromptDataset.from_args(args, path, flag="--eval-prompt-data")
-    return _EVAL_DATASETS[key]
-
-
 async def eval_rollout(args: Any, rollout_id: int) -> list[list[Sample]]:
     """Every prompt of every `--eval-prompt-data` set, `--n-samples-per-eval-prompt` times (one
     group per prompt), with evaluation sampling; samples carry `metadata["eval_set"]` and rollout
@@ -150,18 +133,12 @@ async def eval_rollout(args: Any, rollout_id: int) -> list[list[Sample]]:
     sets = eval_sets(args)
     if not sets:
         raise ConfigError("evaluation needs --eval-prompt-data (name path pairs)")
-    n = args.n_samples_per_eval_prompt
     groups = []
-    for name, path in sets:
-        dataset = _eval_dataset(args, path)
-        for i in range(len(dataset)):
-            group = []
-            for k in range(n):
-                sample = copy.deepcopy(dataset[i])
-                sample.group_index, sample.index = i, i * n + k
+    for name, _ in sets:
+        for i in range(len(eval_dataset(args, name))):
+            group = eval_prompt_group(args, name, i)
+            for sample in group:
                 sample.rollout_id = f"eval-{name}-{sample.index}"
-                sample.metadata["eval_set"] = name
-                group.append(sample)
             groups.append(group)
     results = await gather_or_cancel([run_group(args, g, evaluation=True) for g in groups])
     return [_flatten(r) for r in results]

@@ -5,7 +5,7 @@ SQLAlchemy URL, migrated to the current schema. Modules: `models` (tables), `cod
 per-token columns), `rows` (Sample <-> columns), `engine` (URL, SQLite settings, write
 transactions, waiting out a locked database), `migrate` (Alembic upgrade on open), `store`
 (the API, `SampleStore`), built from one mixin per job over `base` (open, close, transactions):
-`runs`, `samples` (with rescores), `steps` (step manifests) and `turns`. Async activities call
+`runs`, `samples` (with rescores), `steps` (step manifests), `turns` and `evals` (eval rounds). Async activities call
 it off their event loop with `vime.temporal.store_calls.store_call`.
 """
 
@@ -16,10 +16,11 @@ from vime.store.errors import (
     StoreError,
     StoreLockedError,
 )
-from vime.store.store import SampleStore, StepManifest, Turn
+from vime.store.store import EvalRound, SampleStore, StepManifest, Turn
 
 __all__ = [
     "AlreadyTrainedError",
+    "EvalRound",
     "MissingManifestError",
     "MissingSampleError",
     "SampleStore",

@@ -1,4 +1,4 @@
-"""Tables of the sample store: runs, samples, trajectory turns, step manifests.
+"""Tables of the sample store: runs, samples, trajectory turns, step manifests, rescores, eval rounds.
 
 The schema is owned by the Alembic migrations in `vime/store/migrations/versions/`; these
 models must describe exactly what the migrations build (tests/test_store.py compares them).
@@ -103,12 +103,16 @@ class SampleRow(Base):
     loss_mask: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     rollout_log_probs: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     teacher_log_probs: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
+    # The step of the eval round the sample was generated for; NULL: a training sample. An eval
+    # sample is never trained (`mark_trained` refuses it) and never in a step manifest.
+    eval_step: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
     __table_args__ = (
         UniqueConstraint("run_id", "key"),
         Index(None, "run_id", "rollout_id", "sibling"),
         Index(None, "run_id", "status"),
         Index(None, "run_id", "trained_step"),
+        Index(None, "run_id", "eval_step"),
     )
 
 
@@ -178,3 +182,21 @@ class RescoreRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
     __table_args__ = (UniqueConstraint("run_id", "scorer", "key"),)
+
+
+class EvalRoundRow(Base):
+    """The figures of one eval round (`step`: evaluated after `step` training steps, with policy
+    `weight_version`), recorded once: (run_id, step) is unique and the first write wins, so a
+    retried or replayed round reports what was recorded. `metrics` is flat JSON keyed
+    `eval/<set>/<figure>` (`vime.rollout.eval_metrics`)."""
+
+    __tablename__ = "eval_rounds"
+
+    id: Mapped[int] = mapped_column(RowId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(RUN_ID_LENGTH), ForeignKey("runs.run_id"))
+    step: Mapped[int] = mapped_column(Integer)
+    weight_version: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+    __table_args__ = (UniqueConstraint("run_id", "step"),)

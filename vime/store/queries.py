@@ -97,8 +97,13 @@ def stored_refs(conn: Connection, run_id: str, rollout_ids: list[str]) -> dict[s
     return refs
 
 
-def filters(run_id: str, status: StatusFilter, untrained: bool, rollout_id: str | int | None) -> list:
+def filters(run_id: str, status: StatusFilter, untrained: bool, rollout_id: str | int | None,
+            evaluation: bool | None = False, eval_step: int | None = None) -> list:
     where: list = [SampleRow.run_id == run_id]
+    if eval_step is not None:
+        where.append(SampleRow.eval_step == eval_step)
+    elif evaluation is not None:
+        where.append(SampleRow.eval_step.is_not(None) if evaluation else SampleRow.eval_step.is_(None))
     if status is not None:
         statuses = [status] if isinstance(status, str) else list(status)
         where.append(SampleRow.status.in_([parse_status(v, what="status filter").value for v in statuses]))
@@ -112,12 +117,19 @@ def filters(run_id: str, status: StatusFilter, untrained: bool, rollout_id: str 
 def mark_trained(conn: Connection, run_id: str, wanted: list[str], step: int) -> int:
     """Set `trained_step = step` on samples `wanted` (distinct keys), all or none; see `mark_trained`."""
     marked: dict[str, int | None] = {}
+    evals: dict[str, int] = {}
     for chunk in chunks(wanted):
-        query = select(SampleRow.key, SampleRow.trained_step).where(
+        query = select(SampleRow.key, SampleRow.trained_step, SampleRow.eval_step).where(
             SampleRow.run_id == run_id, SampleRow.key.in_(chunk)
         )
-        for key, trained_step in conn.execute(query):
+        for key, trained_step, eval_step in conn.execute(query):
             marked[key] = trained_step
+            if eval_step is not None:
+                evals[key] = eval_step
+    if evals:
+        key, eval_step = next(iter(evals.items()))
+        raise ConfigError(f"mark_trained: sample {key!r} of run {run_id!r} is an eval sample (the eval round at step "
+                          f"{eval_step}); eval samples are never trained ({len(evals)} in this batch)")
     missing = [k for k in wanted if k not in marked]
     if missing:
         raise MissingSampleError(

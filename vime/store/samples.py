@@ -29,14 +29,17 @@ class SamplesApi(StoreBase):
         return self.write_rollouts(run_id, {rollout_id: samples})[rollout_id]
 
     def write_rollouts(
-        self, run_id: str, rollouts: Mapping[str | int, Sequence[Sample]]
+        self, run_id: str, rollouts: Mapping[str | int, Sequence[Sample]], *, eval_step: int | None = None
     ) -> dict[str, list[SampleRef]]:
         """Store many rollouts in one transaction (one bulk insert); return refs per rollout id.
 
         Rollouts already stored are left as they are and their stored refs returned. Every
-        sample is validated and encoded first: one bad sample and nothing is written.
+        sample is validated and encoded first: one bad sample and nothing is written. With
+        `eval_step` the samples are eval samples of the round at that step: never trained.
         """
         run_id = q.check_run_id(run_id)
+        if eval_step is not None:
+            q.check_step("write_rollouts eval_step", eval_step)
         encoded: dict[str, list[dict[str, Any]]] = {}
         for raw_id, samples in rollouts.items():
             rollout_id = check_rollout_id(raw_id)
@@ -53,6 +56,7 @@ class SamplesApi(StoreBase):
             new_rows = [row for rid, rows in encoded.items() if rid not in stored for row in rows]
             for row in new_rows:
                 row["created_at"] = now
+                row["eval_step"] = eval_step
             if new_rows:
                 conn.execute(insert(SampleRow.__table__), new_rows)
             return stored
@@ -115,15 +119,19 @@ class SamplesApi(StoreBase):
         untrained: bool = False,
         rollout_id: str | int | None = None,
         batch_size: int = 256,
+        evaluation: bool | None = False,
+        eval_step: int | None = None,
     ) -> Iterator[tuple[SampleRef, Sample]]:
         """Yield (ref, sample) in write order, filtered by status, not-yet-trained, or rollout.
+        Training samples only by default; `evaluation=True` the eval samples (of the round at
+        `eval_step`, when given), `evaluation=None` both.
 
         Reads `batch_size` rows per short transaction, so a long iteration holds no database
         snapshot open; samples written meanwhile may or may not appear.
         """
         if batch_size < 1:
             raise ConfigError(f"iter_samples: batch_size {batch_size!r} must be at least 1")
-        where = q.filters(run_id, status, untrained, rollout_id)
+        where = q.filters(run_id, status, untrained, rollout_id, evaluation, eval_step)
         last_id = 0
         while True:
             query = (
@@ -146,9 +154,12 @@ class SamplesApi(StoreBase):
         status: StatusFilter = None,
         untrained: bool = False,
         rollout_id: str | int | None = None,
+        evaluation: bool | None = False,
+        eval_step: int | None = None,
     ) -> int:
         """How many samples of the run match the filters (same filters as `iter_samples`)."""
-        query = select(func.count()).select_from(SampleRow).where(*q.filters(run_id, status, untrained, rollout_id))
+        query = select(func.count()).select_from(SampleRow).where(
+            *q.filters(run_id, status, untrained, rollout_id, evaluation, eval_step))
         return int(self._read(lambda conn: conn.execute(query).scalar_one()))
 
     def mark_trained(self, run_id: str, keys: Iterable[str | SampleRef], step: int) -> int:

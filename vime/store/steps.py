@@ -70,11 +70,15 @@ class StepsApi(StoreBase):
             present: set[str] = set()
             for chunk in q.chunks(ids):
                 query = (
-                    select(SampleRow.rollout_id)
+                    select(SampleRow.rollout_id, SampleRow.eval_step)
                     .where(SampleRow.run_id == run_id, SampleRow.rollout_id.in_(chunk))
                     .distinct()
                 )
-                present.update(conn.execute(query).scalars())
+                for rid, eval_step in conn.execute(query):
+                    if eval_step is not None:
+                        raise ConfigError(f"write_step_manifest: rollout {rid!r} of run {run_id!r} is an eval rollout "
+                                          f"(the eval round at step {eval_step}); eval samples are never trained")
+                    present.add(rid)
             missing = [rid for rid in ids if rid not in present]
             if missing:
                 more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

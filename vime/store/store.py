@@ -13,6 +13,8 @@ here. Every write is idempotent, because Temporal retries activities:
 - `write_step_manifest`: a train step's content (its rollout ids, in order) is recorded once;
   the first write wins, so a retried or replayed step trains on the same samples, and the
   training workflow passes only (run_id, step) however large the batch.
+- `write_eval_round`: an eval round's figures are recorded once (first write wins); its
+  samples are written with `write_rollouts(..., eval_step=step)` and never trained.
 
 Bad input (`SampleError`, a `ConfigError`) is rejected before any transaction starts. A run must
 exist (`ensure_run`) before anything is written under it, so a mistyped run id fails loudly.
@@ -24,17 +26,18 @@ async code use `vime.temporal.store_calls.store_call`.
 
 from __future__ import annotations
 
+from vime.store.evals import EvalRound, EvalsApi
 from vime.store.queries import StepManifest, Turn
 from vime.store.runs import RunsApi
 from vime.store.samples import SamplesApi
 from vime.store.steps import StepsApi
 from vime.store.turns import TurnsApi
 
-__all__ = ["SampleStore", "StepManifest", "Turn"]
+__all__ = ["EvalRound", "SampleStore", "StepManifest", "Turn"]
 
 
-class SampleStore(RunsApi, SamplesApi, StepsApi, TurnsApi):
+class SampleStore(RunsApi, SamplesApi, StepsApi, TurnsApi, EvalsApi):
     """Samples and trajectory turns of training runs, in SQLite (default) or any SQL database.
 
-    One mixin per job (`runs`, `samples`, `steps`, `turns`) over `StoreBase` (`base`: the
+    One mixin per job (`runs`, `samples`, `steps`, `turns`, `evals`) over `StoreBase` (`base`: the
     engine, open/close, transactions)."""

@@ -21,12 +21,13 @@ class GroupInput:
     step: int
     position: int  # the data source's prompt position: group_index of the samples
     weight_version: int
-    evaluation: bool = False
+    evaluation: bool = False  # an eval group: `position` is a prompt of eval set `eval_set` (see workflows/eval_round.py)
     heartbeat_seconds: float = 60.0
     local_activity: bool = False  # generate in the workflow's own worker (see RolloutWorkflow)
     # For environments whose group workflow fans out: the run's settings it needs.
     n_samples_per_prompt: int = 1
     sandbox_task_queue: str = "vime-sandbox"
+    eval_set: str | None = None  # with `evaluation`: the `--eval-prompt-data` set the prompt is from
 
 
 @dataclass

@@ -48,6 +48,10 @@ class TrainingConfig:
     local_activities: bool = True  # each group generated as a local activity of its workflow (cheaper)
     max_failed_sample_ratio: float = 0.1  # a step's share of samples a hook may fail (workflows.failures)
     run_argv: list[str] = field(default_factory=list)  # the run's flags: workers read its config (run_args)
+    eval_interval: int = 0  # eval rounds at step 0, every N steps and after the last (0: none; workflows.eval_round)
+    skip_eval_before_train: bool = False  # no round at step 0
+    eval_by_function: bool = False  # --eval-function-path (or a custom rollout function) evaluates a round
+    n_samples_per_eval_prompt: int = 1
 
 
 NO_FLAG = ("max_filter_rounds", "local_activities")

@@ -1,0 +1,178 @@
+"""The eval round's activities (see workflows/eval_round.py): what a round evaluates, one eval
+group generated and stored once, slime's `--eval-function-path` hook for a whole round, and the
+round's figures recorded once.
+
+Every eval sample is stored with its round's step (`write_rollouts(..., eval_step=step)`) under
+a rollout id made of the round, the set and the sample's index (`eval_rollout_id`): a retried
+activity finds it stored and answers from the store, so no eval prompt is sampled or graded
+twice, and the trainer never sees it (the store refuses an eval sample in a manifest). A sample
+is kept only if the servers sampled it with exactly the round's policy version; otherwise (a
+server restarted and not synced yet) the group is sampled again, as a training group would be.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from temporalio import activity
+
+from activities.hook_notices import watch_hooks
+from vime.envs.contract import summarize
+from vime.errors import ConfigError
+from vime.plugins import call_hook_async, load_hook
+from vime.rollout.data_source import make_data_source
+from vime.rollout.eval_data import eval_dataset, eval_prompt_group, eval_rollout_id, eval_sets
+from vime.rollout.eval_metrics import ScoredSample, round_metrics
+from vime.rollout.group import run_group
+from vime.rollout.policy_check import StalePolicyError, sampled_versions
+from vime.rollout.rewards import reward_value
+from vime.temporal.heartbeat import heartbeating
+from vime.temporal.retry import final_config_errors
+from vime.temporal.store_calls import store_call
+from vime.types import Sample
+from workflows.eval_round import EVAL_BY_FUNCTION, EVAL_PLAN, RECORD_EVAL, EvalPlan, EvalRoundInput, EvalSet
+from workflows.rollout import RolloutInput, RolloutOutput
+
+
+def check_one_version(samples: Iterable[Sample], version: int, what: str) -> None:
+    """Every sample was sampled by policy `version` and no other; raises `StalePolicyError`
+    (retried: sampled again once the servers hold the round's weights). A sample whose engine
+    reports no version (a hook's own engine) cannot be checked and passes."""
+    wrong = sorted({str(v) for s in samples for v in sampled_versions(s) if v != version})
+    if wrong:
+        raise StalePolicyError(f"{what}: sampled by policy version {', '.join(wrong)}, the round evaluates version "
+                               f"{version} (a server restarted on other weights); sampling again")
+
+
+def _mark(samples_by_rollout: dict[str, list[Sample]], version: int) -> None:
+    for rid, samples in samples_by_rollout.items():
+        for s in samples:
+            s.rollout_id = rid
+            s.metadata["weight_version"] = version
+
+
+class EvalActivities:
+    """Eval rounds for any run: each call reads the run's config by run id, as the rollout
+    activities do (`RolloutActivities.runs`, `.store`)."""
+
+    def __init__(self, rollouts: Any) -> None:
+        self.rollouts = rollouts
+        self.runs, self.store = rollouts.runs, rollouts.store
+
+    def all(self) -> list:
+        return [self.eval_plan, self.evaluate_by_function, self.record_eval]
+
+    @activity.defn(name=EVAL_PLAN)
+    @final_config_errors
+    async def eval_plan(self, inp: EvalRoundInput) -> EvalPlan:
+        """The round's sets and their sizes, or the round's figures if it is recorded already."""
+        def plan() -> EvalPlan:
+            recorded = self.store.read_eval_round(inp.run_id, inp.step)
+            if recorded is not None:
+                return EvalPlan(recorded=recorded.metrics)
+            args = self.runs.args(inp.run_id)
+            return EvalPlan([EvalSet(name, len(eval_dataset(args, name))) for name, _ in eval_sets(args)])
+        return await store_call(plan)
+
+    async def evaluate_group(self, inp: RolloutInput) -> RolloutOutput:
+        """One eval prompt's group (`generate_group` with `inp.evaluation`): sampled with the eval
+        settings, scored, stored once as eval samples of the round; never filtered."""
+        args, _ = await self.rollouts.run_context(inp.run_id)
+        group = eval_prompt_group(args, inp.eval_set, inp.position)
+        ids = [eval_rollout_id(inp.step, inp.eval_set, s.index) for s in group]
+        stored = await store_call(self.rollouts.stored_group, inp.run_id, ids)
+        if stored is not None:
+            return summarize(inp.position, ids, stored, earlier=True)
+        if activity.in_activity():
+            watch_hooks(activity.client())
+        async with heartbeating():
+            results = await run_group(args, group, evaluation=True)
+            await self.rollouts.retry_if_infra(args, results, f"eval group {inp.eval_set}/{inp.position}")
+        check_one_version((s for r in results for s in r), inp.weight_version,
+                          f"eval group {inp.eval_set}/{inp.position} of the round at step {inp.step}")
+        rollouts = dict(zip(ids, results))
+        _mark(rollouts, inp.weight_version)
+        await store_call(self.store.write_rollouts, inp.run_id, rollouts, eval_step=inp.step)
+        return summarize(inp.position, ids, results)
+
+    @activity.defn(name=EVAL_BY_FUNCTION)
+    @final_config_errors
+    async def evaluate_by_function(self, inp: EvalRoundInput) -> int:
+        """A round by slime's hook, `--eval-function-path` (else `--rollout-function-path`):
+        `fn(args, rollout_id=step, data_source, evaluation=True)`, returning slime's
+        `{set: {"rewards", "truncated", "samples"}}` (or an object whose `.data` is that) or eval
+        groups (`list[list[Sample]]`, each sample's set in `metadata["eval_set"]`). Its samples
+        are stored once; a retry after the write stores nothing and calls nothing. Returns how
+        many samples the round holds."""
+        stored = await store_call(self.store.count_samples, inp.run_id, eval_step=inp.step)
+        if stored:
+            return stored
+        args, _ = await self.rollouts.run_context(inp.run_id)
+        fn = load_hook(args, "eval_function_path") or load_hook(args, "rollout_function_path")
+        if activity.in_activity():
+            watch_hooks(activity.client())
+        async with heartbeating():
+            output = await call_hook_async(fn, args, inp.step, make_data_source(args), evaluation=True)
+        rollouts: dict[str, list[Sample]] = {}
+        for name, samples in _by_set(output).items():
+            for i, s in enumerate(samples):
+                s.metadata["eval_set"] = name
+                if s.group_index is None:
+                    s.group_index = i // max(1, args.n_samples_per_eval_prompt)
+                rollouts[eval_rollout_id(inp.step, name, s.index if s.index is not None else i)] = [s]
+        if not rollouts:
+            raise ConfigError(f"--eval-function-path returned no eval sample for the round at step {inp.step}")
+        check_one_version((s for r in rollouts.values() for s in r), inp.weight_version,
+                          f"the eval round at step {inp.step}")
+        _mark(rollouts, inp.weight_version)
+        await store_call(self.store.write_rollouts, inp.run_id, rollouts, eval_step=inp.step)
+        return len(rollouts)
+
+    @activity.defn(name=RECORD_EVAL)
+    @final_config_errors
+    async def record_eval(self, inp: EvalRoundInput) -> dict:
+        """The round's figures from its stored samples, recorded once (a retry, or the round of a
+        restarted run, gets the recorded figures back)."""
+        def record() -> dict:
+            recorded = self.store.read_eval_round(inp.run_id, inp.step)
+            if recorded is not None:
+                return recorded.metrics
+            args = self.runs.args(inp.run_id)
+            by_set: dict[str, list[ScoredSample]] = {name: [] for name, _ in eval_sets(args)}
+            for _, s in self.store.iter_samples(inp.run_id, evaluation=True, eval_step=inp.step):
+                failed = s.status == Sample.Status.FAILED
+                by_set.setdefault(s.metadata.get("eval_set", "eval"), []).append(ScoredSample(
+                    s.group_index if s.group_index is not None else -1,
+                    None if failed else reward_value(args, s), s.status.value, s.response_length))
+            metrics = {**round_metrics(by_set), "eval_seconds": inp.seconds,
+                       "eval_weight_version": inp.weight_version}
+            return self.store.write_eval_round(inp.run_id, inp.step, inp.weight_version, metrics).metrics
+        return await store_call(record)
+
+
+def _by_set(output: Any) -> dict[str, list[Sample]]:
+    """The samples of an eval hook's output, by set."""
+    data = output.data if hasattr(output, "data") and not isinstance(output, dict) else output
+    if isinstance(data, dict):
+        out = {}
+        for name, entry in data.items():
+            samples = entry.get("samples") if isinstance(entry, dict) else entry
+            if not isinstance(samples, list) or not all(isinstance(s, Sample) for s in _flatten(samples)):
+                raise ConfigError(f"--eval-function-path: set {name!r} holds no list of Samples (slime's "
+                                  "{set: {'rewards', 'truncated', 'samples'}}): vime stores and scores the samples")
+            out[str(name)] = _flatten(samples)
+        return out
+    if isinstance(data, list):
+        out: dict[str, list[Sample]] = {}
+        for s in _flatten(data):
+            if not isinstance(s, Sample):
+                raise ConfigError(f"--eval-function-path returned a list holding {type(s).__name__}, not Samples")
+            out.setdefault(str(s.metadata.get("eval_set", "eval")), []).append(s)
+        return out
+    raise ConfigError(f"--eval-function-path returned {type(output).__name__}; expected slime's "
+                      "{set: {'rewards', 'truncated', 'samples'}} or a list of Sample groups")
+
+
+def _flatten(items: list) -> list:
+    return [s for item in items for s in (item if isinstance(item, list) else [item])]

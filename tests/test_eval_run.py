@@ -1,0 +1,118 @@
+"""Eval rounds in a real `vime train` run (the shared training server): rounds at step 0, every
+--eval-interval steps and after the last, each eval sample from the round's one policy version,
+stored as the round's, never trained, and the figures in metrics.jsonl and on the console."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import engine_flags
+from vime.metrics_log import read_metrics
+from vime.rollout.policy_check import sampled_versions
+from vime.store import SampleStore
+
+pytestmark = pytest.mark.vllm
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_a_run_evaluates_at_0_every_n_steps_and_after_the_last_on_one_policy_version_each(
+        training_server, tiny_model_dir, tmp_path):
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"say {i}", "label": "1"} for i in range(8)])
+    heldout = write_jsonl(tmp_path / "heldout.jsonl", [{"q": f"count {i}", "a": "1"} for i in range(3)])
+    steps, n = 5, 4
+    argv = [sys.executable, "-m", "vime.cli", "train", "--hf-checkpoint", str(tiny_model_dir),
+            "--prompt-data", str(prompts), "--input-key", "prompt", "--label-key", "label", "--rm-type", "exact_match",
+            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", str(steps),
+            "--rollout-max-response-len", "6", "--run-dir", str(tmp_path / "run"),
+            "--eval-interval", "2", "--eval-prompt-data", "heldout", str(heldout), "--eval-input-key", "q",
+            "--eval-label-key", "a", "--n-samples-per-eval-prompt", str(n), "--eval-max-response-len", "4",
+            *engine_flags(training_server)]
+    env = {**os.environ, "VIME_LOG_FORMAT": "json", "VIME_LOG_LEVEL": "WARNING"}
+    result = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "finished: 5 steps" in result.stdout
+    assert "[eval] after step 5/5 | eval heldout" in result.stdout
+    assert result.stdout.count("| eval heldout") == 4, result.stdout  # rounds 0, 2, 4 on step lines, 5 on its own
+
+    rounds = [0, 2, 4, 5]
+    with SampleStore.open(tmp_path / "run") as store:
+        assert [r.step for r in store.eval_rounds("run")] == rounds
+        for r in store.eval_rounds("run"):
+            assert r.weight_version == r.step  # synchronous: the round at step k evaluates policy version k
+            evals = [s for _, s in store.iter_samples("run", evaluation=True, eval_step=r.step)]
+            assert len(evals) == 3 * n and {s.metadata["eval_set"] for s in evals} == {"heldout"}
+            assert all(s.metadata["weight_version"] == r.step for s in evals)
+            assert all(set(sampled_versions(s)) == {r.step} for s in evals), "one recorded policy version"
+            assert all(s.response_length <= 4 for s in evals)  # --eval-max-response-len, not the rollout's 6
+            assert r.metrics["eval/heldout/samples"] == 3 * n and "eval/heldout/pass@4" in r.metrics
+        with store.engine.connect() as conn:
+            trained_evals = conn.exec_driver_sql(
+                "SELECT COUNT(*) FROM samples WHERE eval_step IS NOT NULL AND trained_step IS NOT NULL").scalar()
+            manifests = [json.loads(ids) if isinstance(ids, str) else ids for (ids,) in
+                         conn.exec_driver_sql("SELECT rollout_ids FROM step_manifests").all()]
+        assert trained_evals == 0
+        assert not any(rid.startswith("eval") for ids in manifests for rid in ids)
+        assert store.count_samples("run") == steps * 2 * 2  # the training samples: evals are apart
+
+    metrics = read_metrics(tmp_path / "run")
+    by_step = {m["step"]: m for m in metrics}
+    assert sorted(s for s, m in by_step.items() if "eval/heldout/pass@1" in m) == rounds
+    assert by_step[5].get("eval_only") and "reward_mean" not in by_step[5]
+    for s in rounds:
+        assert by_step[s]["eval_weight_version"] == s
+        assert 0 <= by_step[s]["eval/heldout/pass@1"] <= by_step[s]["eval/heldout/pass@4"] <= 1
+    assert not any(k.startswith("eval") for k in by_step[1])  # no round before step 1
+
+
+EVAL_FUNCTION = '''
+from vime.rollout.vllm_rollout import generate_rollout
+
+
+async def evaluate(args, rollout_id, data_source, evaluation=False):
+    """slime's eval hook: vime's own eval rollout, every sample tagged."""
+    groups = await generate_rollout(args, rollout_id, data_source, evaluation=True)
+    for group in groups:
+        for sample in group:
+            sample.metadata["by"] = "eval hook"
+    return groups
+'''
+
+
+def test_fully_async_with_an_eval_hook_evaluates_each_round_on_exactly_one_policy_version(
+        training_server, tiny_model_dir, tmp_path):
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"say {i}", "label": "1"} for i in range(8)])
+    heldout = write_jsonl(tmp_path / "heldout.jsonl", [{"prompt": f"count {i}", "label": "1"} for i in range(2)])
+    (tmp_path / "my_eval.py").write_text(EVAL_FUNCTION)
+    argv = [sys.executable, "-m", "vime.cli", "train", "--hf-checkpoint", str(tiny_model_dir),
+            "--prompt-data", str(prompts), "--input-key", "prompt", "--label-key", "label", "--rm-type", "exact_match",
+            "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "4",
+            "--rollout-max-response-len", "6", "--run-dir", str(tmp_path / "run"), "--fully-async",
+            "--max-staleness", "1", "--max-concurrent-rollouts", "4",
+            "--eval-interval", "2", "--eval-prompt-data", "heldout", str(heldout), "--n-samples-per-eval-prompt", "2",
+            "--eval-function-path", "my_eval.evaluate", *engine_flags(training_server)]
+    env = {**os.environ, "VIME_LOG_FORMAT": "json", "VIME_LOG_LEVEL": "WARNING",
+           "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    result = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    with SampleStore.open(tmp_path / "run") as store:
+        rounds = store.eval_rounds("run")
+        assert [r.step for r in rounds] == [0, 2, 4]
+        for r in rounds:
+            evals = [s for _, s in store.iter_samples("run", evaluation=True, eval_step=r.step)]
+            assert len(evals) == 4 and all(s.metadata["by"] == "eval hook" for s in evals)
+            for s in evals:  # exactly one version per eval sample, the round's, while training went on around it
+                assert set(sampled_versions(s)) == {r.weight_version}, (r.step, s.weight_versions)
+        train_versions = {s.metadata["weight_version"] for _, s in store.iter_samples("run")}
+    assert len(train_versions) > 1  # the pool trained across versions meanwhile
