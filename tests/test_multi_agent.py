@@ -28,12 +28,12 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.service import RPCError
 
-from examples.multi_agent import task
-from examples.multi_agent.activities import turn_record, turn_sample
-from examples.multi_agent.flags import MultiAgentFlags
-from examples.multi_agent.workflow import REWRITER, SELECTOR, SOLVERS, STORE
 from tests.conftest import engine_flags
 from vime.args import parse_args
+from vime.envs.multi_agent import task
+from vime.envs.multi_agent.activities import turn_record, turn_sample
+from vime.envs.multi_agent.flags import MultiAgentFlags
+from vime.envs.multi_agent.workflow import REWRITER, SELECTOR, SOLVERS, STORE
 from vime.errors import ConfigError
 from vime.store import SampleStore
 from vime.store.queries import Turn
@@ -111,7 +111,7 @@ def test_a_role_turn_survives_the_turn_table_unchanged():
     (["--incorrect-reward-weight", "1.5"], "--incorrect-reward-weight 1.5 is above --correct-reward-weight 1.2"),
 ])
 @pytest.mark.parametrize("route", [["--rollout-env", "multi_agent"],
-                                   ["--custom-generate-function-path", "examples.multi_agent.generate.generate"]])
+                                   ["--custom-generate-function-path", "vime.envs.multi_agent.generate.generate"]])
 def test_bad_flags_are_one_line_naming_the_flag_before_anything_starts(route, flags, message):
     with pytest.raises(ConfigError) as err:
         parse_args([*route, *flags])
@@ -120,7 +120,7 @@ def test_bad_flags_are_one_line_naming_the_flag_before_anything_starts(route, fl
 
 def test_both_routes_take_the_environments_flags():
     env = parse_args(["--rollout-env", "multi_agent", "--num-solvers", "2"])
-    hook = parse_args(["--custom-generate-function-path", "examples.multi_agent.generate.generate",
+    hook = parse_args(["--custom-generate-function-path", "vime.envs.multi_agent.generate.generate",
                        "--num-solvers", "2"])
     assert env.env_args == hook.env_args == MultiAgentFlags(num_solvers=2)
     assert (env.rollout_env, hook.rollout_env) == ("multi_agent", "groups")
@@ -129,7 +129,7 @@ def test_both_routes_take_the_environments_flags():
 def test_vime_train_from_the_repository_root_stops_on_a_bad_weight_in_one_line_before_starting(tmp_path):
     run_dir = tmp_path / "run"
     done = subprocess.run([str(Path(sys.executable).with_name("vime")), "train", "--custom-generate-function-path",
-                           "examples.multi_agent.generate.generate", "--incorrect-reward-weight", "2",
+                           "vime.envs.multi_agent.generate.generate", "--incorrect-reward-weight", "2",
                            "--run-dir", str(run_dir)], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "vime train: error: --incorrect-reward-weight 2.0 is above --correct-reward-weight 1.2: a wrong final answer "
@@ -144,7 +144,7 @@ async def test_one_generate_call_returns_the_whole_team_as_one_rewarded_fan_out(
     from vime.rollout.group import run_group
 
     args = parse_args(["--hf-checkpoint", str(tiny_model_dir), *engine_flags(training_server),
-                       "--custom-generate-function-path", "examples.multi_agent.generate.generate",
+                       "--custom-generate-function-path", "vime.envs.multi_agent.generate.generate",
                        "--rollout-max-response-len", "16", "--run-id", "hook"])
     group = [Sample(group_index=0, index=i, prompt="Name a city.") for i in range(2)]
     rollouts = await run_group(args, group)  # what RolloutWorkflow's activity runs for a group

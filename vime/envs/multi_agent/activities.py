@@ -16,9 +16,9 @@ from typing import Any
 
 from temporalio import activity
 
-from examples.multi_agent import roles, task
-from examples.multi_agent.flags import multi_agent_flags
-from examples.multi_agent.workflow import (REWRITER, SELECTOR, SOLVERS, STORE, MultiAgentRolloutInput,
+from vime.envs.multi_agent import roles, task
+from vime.envs.multi_agent.flags import multi_agent_flags
+from vime.envs.multi_agent.workflow import (REWRITER, SELECTOR, SOLVERS, STORE, MultiAgentRolloutInput,
                                            MultiAgentRolloutOutput, RoleOutput)
 from vime.envs import EnvContext, EnvWorkers, final_config_errors, heartbeating, prompt_group, store_call
 from vime.rollout.sampling import params_for_sample, sampling_params_from_args

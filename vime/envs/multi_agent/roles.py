@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from examples.multi_agent import task
+from vime.envs.multi_agent import task
 from vime.errors import ServiceError
 from vime.rollout.generate import generate
 from vime.rollout.tokenization import tokenizer_for

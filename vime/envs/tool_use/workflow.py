@@ -8,7 +8,7 @@ A rollout is one activity that loops over turns (sample, run the code in a sandb
 output) and appends each finished turn to the store; its sandbox lives and dies inside the
 activity, so any worker can retry it. A worker killed mid-rollout stops heartbeating, Temporal
 retries the activity elsewhere, and the retry replays the stored turns and continues at the
-first turn not stored (`examples/tool_use/rollout.py`). Infra failures (engine down, sandbox
+first turn not stored (`rollout.py`). Infra failures (engine down, sandbox
 that cannot start) retry until they pass; a `ConfigError` (a bad label, a broken prompt) ends
 the run with its line. What the model's code does is never a failure: it is an observation.
 """
