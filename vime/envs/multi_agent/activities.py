@@ -8,6 +8,11 @@ sampled it (`sampled_by`): a role is never sampled twice into the store.
 
 Every store call runs in a thread (`store_call`): a write waiting for SQLite's lock must not stop
 the worker's event loop, which sends the heartbeats.
+
+The grader is two hooks, not methods to override: `start(ctx, score=..., reward=...)` builds the
+same environment around another verifier (`score(args, turn) -> float`, each solver's and the
+rewriter's turn) or another payout (`reward(args, turns) -> [float]`, one per turn of a rollout,
+in turn order); both may be async (`vime.envs.multi_agent.task` has the defaults).
 """
 
 from __future__ import annotations
@@ -16,11 +21,11 @@ from typing import Any
 
 from temporalio import activity
 
+from vime.envs import EnvContext, EnvWorkers, final_config_errors, heartbeating, prompt_group, store_call
 from vime.envs.multi_agent import roles, task
 from vime.envs.multi_agent.flags import multi_agent_flags
 from vime.envs.multi_agent.workflow import (REWRITER, SELECTOR, SOLVERS, STORE, MultiAgentRolloutInput,
                                            MultiAgentRolloutOutput, RoleOutput)
-from vime.envs import EnvContext, EnvWorkers, final_config_errors, heartbeating, prompt_group, store_call
 from vime.rollout.sampling import params_for_sample, sampling_params_from_args
 from vime.store.queries import Turn
 from vime.types import RolloutRef, Sample
@@ -47,8 +52,8 @@ def turn_sample(turn: Turn) -> Sample:
 
 
 class MultiAgentActivities:
-    def __init__(self, ctx: EnvContext) -> None:
-        self.args, self.store = ctx.args, ctx.store
+    def __init__(self, ctx: EnvContext, *, score: task.Score = task.score, reward: task.Reward = task.reward) -> None:
+        self.args, self.store, self.score, self.reward = ctx.args, ctx.store, score, reward
         self.flags = multi_agent_flags(ctx.args)
 
     async def _base(self, inp: MultiAgentRolloutInput) -> tuple[Sample, dict[str, Any]]:
@@ -81,7 +86,7 @@ class MultiAgentActivities:
         done = {t: s for t, s in (await self._stored(inp, base)).items() if t < k}
         if len(done) < k:
             async with heartbeating():
-                turns = await roles.solvers(self.args, base, params, k, done)
+                turns = await roles.solvers(self.args, base, params, k, done, score=self.score)
             await self._save(inp, base, [s for s in turns if s.metadata["turn"] not in done])
             done = {s.metadata["turn"]: s for s in turns}
         return self._output("solver", base, [done[t] for t in range(k)])
@@ -94,7 +99,8 @@ class MultiAgentActivities:
         stored = await self._stored(inp, base)
         if k not in stored:
             async with heartbeating():
-                stored[k] = await roles.rewriter(self.args, base, params, [stored[t] for t in range(k)])
+                stored[k] = await roles.rewriter(self.args, base, params, [stored[t] for t in range(k)],
+                                                 score=self.score)
             await self._save(inp, base, [stored[k]])
         return self._output("rewriter", base, [stored[k]])
 
@@ -120,7 +126,7 @@ class MultiAgentActivities:
         rollout_id = str(base.index)
         stored = await self._stored(inp, base)
         samples = [stored[t] for t in sorted(stored)]
-        correct = task.assign_rewards(samples, self.flags.correct_reward_weight, self.flags.incorrect_reward_weight)
+        correct = await roles.pay(self.reward, self.args, samples)
         for s in samples:
             s.rollout_id = rollout_id
             s.metadata["weight_version"] = inp.weight_version
@@ -133,6 +139,6 @@ class MultiAgentActivities:
         return [self.solvers, self.rewriter, self.selector, self.store_rollout]
 
 
-def start(ctx: EnvContext) -> EnvWorkers:
-    return EnvWorkers(activities=MultiAgentActivities(ctx).all())
+def start(ctx: EnvContext, *, score: task.Score = task.score, reward: task.Reward = task.reward) -> EnvWorkers:
+    return EnvWorkers(activities=MultiAgentActivities(ctx, score=score, reward=reward).all())
 
