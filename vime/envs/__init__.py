@@ -16,7 +16,8 @@ What this module offers, by where it runs:
 - declaring: `Environment`, `EnvContext`, `EnvWorkers`, `env_flag`; the contract `GroupInput`,
   `GroupOutput`, `summarize`;
 - group workflows (`vime.envs.group_workflow`): `fan_out`, `fan_out_children`,
-  `execute_group_activity`, `finish_group`, `sample_workflow_id`, `rollout_retry_policy`;
+  `fan_out_activities`, `execute_group_activity`, `finish_group`, `sample_workflow_id`,
+  `rollout_retry_policy`;
 - activities (`vime.envs.rollouts`, `vime.temporal`): `group_activity` (a whole single-turn
   group with the environment's own reward), `prompt_group`, `prompt_sample`, `store_group`,
   `stored_group`, `TurnLog` (a multi-turn rollout's turns in the store),
@@ -42,8 +43,8 @@ from vime.errors import ConfigError
 from vime.plugins import _import, load_function
 
 _LAZY = {
-    **dict.fromkeys(("fan_out", "fan_out_children", "execute_group_activity", "finish_group", "sample_workflow_id"),
-                    "vime.envs.group_workflow"),
+    **dict.fromkeys(("fan_out", "fan_out_children", "fan_out_activities", "execute_group_activity", "finish_group",
+                     "sample_workflow_id"), "vime.envs.group_workflow"),
     **dict.fromkeys(("group_activity", "prompt_group", "prompt_sample", "store_group", "stored_group", "TurnLog"),
                     "vime.envs.rollouts"),
     **dict.fromkeys(("rollout_retry_policy", "final_config_errors", "CONFIG_ERROR"), "vime.temporal.retry"),

@@ -58,17 +58,18 @@ class ToolUseActivities:
         if (done := await stored_group(self.store, inp, ids)) is not None:  # a retry after the write
             return done
         rollouts = {}
-        for index, rid in enumerate(ids):
-            sample = await prompt_sample(self.args, inp.position, index)
-            if not (turns := await TurnLog(self.store, inp.run_id, rid).read()):
-                raise ConfigError(f"tool_use: rollout {rid} of group {inp.position} has no stored turn")
-            sample.response_length, sample.loss_mask, sample.rollout_log_probs = 0, [], []
-            replay(sample, turns)
-            sample.metadata["tool_calls"] = sum(1 for t in sample.metadata["turns"] if t["observation"])
-            sample.metadata["env"] = "tool_use"
-            sample.reward = self.reward(sample)
-            rollouts[rid] = [sample]
-        return await store_group(self.store, inp, rollouts, preview=True)
+        async with heartbeating():  # the group workflow waits on its heartbeats (`execute_group_activity`)
+            for index, rid in enumerate(ids):
+                sample = await prompt_sample(self.args, inp.position, index)
+                if not (turns := await TurnLog(self.store, inp.run_id, rid).read()):
+                    raise ConfigError(f"tool_use: rollout {rid} of group {inp.position} has no stored turn")
+                sample.response_length, sample.loss_mask, sample.rollout_log_probs = 0, [], []
+                replay(sample, turns)
+                sample.metadata["tool_calls"] = sum(1 for t in sample.metadata["turns"] if t["observation"])
+                sample.metadata["env"] = "tool_use"
+                sample.reward = self.reward(sample)
+                rollouts[rid] = [sample]
+            return await store_group(self.store, inp, rollouts, preview=True)
 
 
 def start(ctx: EnvContext, *, reward: Callable[[Any], float] = reward, tool: Tool = run_code) -> EnvWorkers:
