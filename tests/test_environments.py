@@ -134,6 +134,23 @@ def test_the_examples_environments_resolve_from_a_directory_outside_the_reposito
     assert proc.stdout.split() == ["tool_use", "ToolUseGroupWorkflow", "multi_agent", "MultiAgentGroupWorkflow"]
 
 
+def test_the_examples_old_paths_are_the_moved_modules():
+    """`examples.tool_use.env` & co. were what docs and READMEs named: from a checkout they still
+    import, as the very modules under vime/envs (a copy would make a second MultiAgentFlags class,
+    and the hook's isinstance check on args.env_args would quietly fall back to defaults)."""
+    import examples.multi_agent.generate
+    import examples.tool_use.activities
+    import vime.envs.multi_agent.generate
+    import vime.envs.tool_use.activities
+
+    assert examples.tool_use.activities is vime.envs.tool_use.activities
+    assert examples.multi_agent.generate is vime.envs.multi_agent.generate
+    assert load_environment("examples.tool_use.env") is load_environment("tool_use")
+    args = parse_args(["--custom-generate-function-path", "examples.multi_agent.generate.generate",
+                       "--num-solvers", "2"])
+    assert args.env_args.num_solvers == 2 and load_environment("examples.multi_agent.env").name == "multi_agent"
+
+
 def _distribution(root: Path, name: str, entry_points: str) -> None:
     """A throwaway installed distribution: its metadata on sys.path, as pip would leave it."""
     info = root / f"{name}-0.1.dist-info"

@@ -99,8 +99,8 @@ def registered() -> dict[str, list[tuple[str, str]]]:
 
 
 def load_environment(spec: str, flag: str = FLAG) -> Environment:
-    """The environment `spec` names: a built-in's name, a registered name (`registered()`) or a
-    module's dotted path (its `ENVIRONMENT`). Any failure is one `ConfigError` naming the flag,
+    """The environment `spec` names: a built-in's name (always vime's own), a registered name
+    (`registered()`) or a module's dotted path (its `ENVIRONMENT`; "module:attr" names another). Any failure is one `ConfigError` naming the flag,
     the value and the fix; a module that exists but fails to import says why (its error, file:line)."""
     spec = (spec or "").strip()
     names = registered() if spec not in BUILTIN else {spec: [(BUILTIN[spec], "vime")]}
