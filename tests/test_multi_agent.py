@@ -28,12 +28,13 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.service import RPCError
 
-from examples.multi_agent import task
-from examples.multi_agent.activities import turn_record, turn_sample
-from examples.multi_agent.flags import MultiAgentFlags
-from examples.multi_agent.workflow import REWRITER, SELECTOR, SOLVERS, STORE
 from tests.conftest import engine_flags
 from vime.args import parse_args
+from vime.envs.base import EnvContext
+from vime.envs.multi_agent import roles, task
+from vime.envs.multi_agent.activities import start, turn_record, turn_sample
+from vime.envs.multi_agent.flags import MultiAgentFlags
+from vime.envs.multi_agent.workflow import REWRITER, SELECTOR, SOLVERS, STORE, MultiAgentRolloutInput
 from vime.errors import ConfigError
 from vime.store import SampleStore
 from vime.store.queries import Turn
@@ -102,6 +103,55 @@ def test_a_role_turn_survives_the_turn_table_unchanged():
     assert turn_sample(stored) == sample
 
 
+# ---- the grader is hooks ---------------------------------------------------------------------
+
+async def test_the_score_and_the_reward_are_hooks_of_start_not_subclasses(tiny_model_dir, tmp_path, monkeypatch):
+    """Another verifier and another payout are two arguments of `start`: the solvers' and the
+    rewriter's turns are scored by `score` (the selector's score stays its pick's), and the stored
+    rollout is paid by `reward`, one number per turn in turn order. Scripted turns, no engine."""
+    from temporalio.testing import ActivityEnvironment
+
+    async def scripted(args, sample, params):  # stands in for vime's generate: the selector picks "A"
+        text = "A" if sample.metadata["role"] == "selector" else f"draft {sample.metadata['turn']}"
+        sample.tokens, sample.response, sample.response_length = [1, 2, 3, 4], text, 2
+        sample.loss_mask, sample.rollout_log_probs, sample.status = [1, 1], [-0.5, -0.5], Sample.Status.COMPLETED
+        return sample
+
+    async def score(args, sample):  # an async verifier
+        return 0.25 * (sample.metadata["turn"] + 1)
+
+    def reward(args, samples):
+        return [10.0 + i for i in range(len(samples))]
+
+    monkeypatch.setattr(roles, "generate", scripted)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Name a city."}) + "\n")
+    args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(prompts), "--input-key", "prompt",
+                       "--rollout-env", "multi_agent", "--num-solvers", "2", "--run-id", "hooks",
+                       "--run-dir", str(tmp_path / "run")])
+    with SampleStore.open(tmp_path / "run") as store:
+        store.ensure_run("hooks")
+        acts = start(EnvContext(args, store, None), score=score, reward=reward).activities
+        inp = MultiAgentRolloutInput("hooks", step=0, position=0, index=0, weight_version=0)
+        for act in acts[:3]:  # the solvers, the rewriter, the selector
+            await ActivityEnvironment().run(act, inp)
+        out = await ActivityEnvironment().run(acts[3], inp)
+        stored = store.read_rollout("hooks", out.rollout.rollout_id)
+    assert [s.metadata["role"] for s in stored] == ["solver", "solver", "rewriter", "selector"]
+    assert [s.metadata["score"] for s in stored] == [0.25, 0.5, 0.75, 0.25]  # the selector's: solver 0's, picked
+    assert [s.reward for s in stored] == [10.0, 11.0, 12.0, 13.0] and out.reward_mean == 11.5
+
+
+@pytest.mark.parametrize("rewards,message", [
+    ([1.0], "returned 1 rewards for 2 turns; return one per turn"),
+    ([1.0, float("nan")], "returned nan; return a finite number"),
+])
+async def test_a_reward_hook_that_does_not_pay_every_turn_a_number_is_one_line_naming_it(rewards, message):
+    samples = [role_sample("solver", 0.5), role_sample("solver", 0.5)]
+    with pytest.raises(ConfigError, match=f"multi_agent reward hook .*<lambda>: {message}"):
+        await roles.pay(lambda args, turns: rewards, None, samples)
+
+
 # ---- bad input --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flags,message", [
@@ -111,7 +161,7 @@ def test_a_role_turn_survives_the_turn_table_unchanged():
     (["--incorrect-reward-weight", "1.5"], "--incorrect-reward-weight 1.5 is above --correct-reward-weight 1.2"),
 ])
 @pytest.mark.parametrize("route", [["--rollout-env", "multi_agent"],
-                                   ["--custom-generate-function-path", "examples.multi_agent.generate.generate"]])
+                                   ["--custom-generate-function-path", "vime.envs.multi_agent.generate.generate"]])
 def test_bad_flags_are_one_line_naming_the_flag_before_anything_starts(route, flags, message):
     with pytest.raises(ConfigError) as err:
         parse_args([*route, *flags])
@@ -120,7 +170,7 @@ def test_bad_flags_are_one_line_naming_the_flag_before_anything_starts(route, fl
 
 def test_both_routes_take_the_environments_flags():
     env = parse_args(["--rollout-env", "multi_agent", "--num-solvers", "2"])
-    hook = parse_args(["--custom-generate-function-path", "examples.multi_agent.generate.generate",
+    hook = parse_args(["--custom-generate-function-path", "vime.envs.multi_agent.generate.generate",
                        "--num-solvers", "2"])
     assert env.env_args == hook.env_args == MultiAgentFlags(num_solvers=2)
     assert (env.rollout_env, hook.rollout_env) == ("multi_agent", "groups")
@@ -129,7 +179,7 @@ def test_both_routes_take_the_environments_flags():
 def test_vime_train_from_the_repository_root_stops_on_a_bad_weight_in_one_line_before_starting(tmp_path):
     run_dir = tmp_path / "run"
     done = subprocess.run([str(Path(sys.executable).with_name("vime")), "train", "--custom-generate-function-path",
-                           "examples.multi_agent.generate.generate", "--incorrect-reward-weight", "2",
+                           "vime.envs.multi_agent.generate.generate", "--incorrect-reward-weight", "2",
                            "--run-dir", str(run_dir)], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "vime train: error: --incorrect-reward-weight 2.0 is above --correct-reward-weight 1.2: a wrong final answer "
@@ -144,7 +194,7 @@ async def test_one_generate_call_returns_the_whole_team_as_one_rewarded_fan_out(
     from vime.rollout.group import run_group
 
     args = parse_args(["--hf-checkpoint", str(tiny_model_dir), *engine_flags(training_server),
-                       "--custom-generate-function-path", "examples.multi_agent.generate.generate",
+                       "--custom-generate-function-path", "vime.envs.multi_agent.generate.generate",
                        "--rollout-max-response-len", "16", "--run-id", "hook"])
     group = [Sample(group_index=0, index=i, prompt="Name a city.") for i in range(2)]
     rollouts = await run_group(args, group)  # what RolloutWorkflow's activity runs for a group

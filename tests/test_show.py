@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from examples.multi_agent import task as multi_agent_task
-from examples.tool_use.rollout import _Turn, model_text, replay
 from vime.agent.adapters.core import Segment, TurnBoundary
 from vime.agent.fanout import trajectory_to_samples
+from vime.envs.multi_agent import task as multi_agent_task
+from vime.envs.tool_use.rollout import _Turn, model_text, replay
 from vime.ops.show import ShownSample, load, render
 from vime.store import SampleStore
 from vime.types import Sample

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from examples.tool_use.activities import ToolUseActivities
-from examples.tool_use.task import DECLINE, Problem, write_prompts
-from examples.tool_use.tool import ToolLimits, run_code, tool_sandbox
-from examples.tool_use.workflow import ToolUseGroupWorkflow
 from vime.args import parse_args
 from vime.engine.client import GenerateOutput
 from vime.envs.base import EnvContext, GroupInput, GroupOutput
+from vime.envs.tool_use.activities import ToolUseActivities
+from vime.envs.tool_use.task import DECLINE, Problem, write_prompts
+from vime.envs.tool_use.tool import ToolLimits, run_code, tool_sandbox
+from vime.envs.tool_use.workflow import ToolUseGroupWorkflow
 from vime.errors import ConfigError, ServiceError
 from vime.store import SampleStore
 

@@ -133,7 +133,9 @@ def _uses_prefix(argv: list[str], prefix: str, own: set[str]) -> bool:
 
 
 def _builtin_env_with_flag(option: str) -> str | None:
-    """The built-in environment that has `option` among its flags (for the unknown-flag line)."""
+    """The built-in environment that has `option` among its flags (for the unknown-flag line).
+    vime's own only: they are vime's modules, light to import. A name another distribution
+    registers is never imported to answer this (only the chosen `--rollout-env` is)."""
     for name in BUILTIN:
         try:
             env = load_environment(name)

@@ -277,7 +277,8 @@ class VimeArgs:
 
     rollout_env: str = _orchestration(
         "groups", "Rollout environment: a built-in (groups: single-turn prompt groups; coding_agent; multi_agent; "
-                  "tool_use) or a module's dotted path whose ENVIRONMENT declares one (docs/environments.md). "
+                  "tool_use), a name an installed package registers (entry-point group vime.environments) or a "
+                  "module's dotted path whose ENVIRONMENT declares one (docs/environments.md). "
                   "Its flags are listed by `vime train --rollout-env NAME --help`."
     )
     rollout_workflow: str | None = _orchestration(

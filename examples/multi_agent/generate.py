@@ -1,34 +1,8 @@
-"""The multi-agent system as a slime generate hook: one sample in, the whole team's turns out.
+"""Moved to `vime.envs.multi_agent.generate` (installed with vime); this old path is that module, not a copy, so its
+classes and flags are the same objects whichever path imported them."""
 
-    vime train --custom-generate-function-path examples.multi_agent.generate.generate \\
-        --num-solvers 3 --correct-reward-weight 1.2 --incorrect-reward-weight 0.8 ...
+import sys
 
-The seed's route for "multiple training samples from one prompt": K solvers, then the rewriter,
-then the selector, and `generate` returns them as one `list[Sample]` fan-out sharing the
-sample's `rollout_id`, each tagged `metadata["role"]` and already rewarded (`task.assign_rewards`),
-so no reward flag is needed. The same roles as the durable environment (`--rollout-env
-multi_agent`), without its per-role durability: a crashed group is generated again from the start.
-"""
+import vime.envs.multi_agent.generate as _moved
 
-from __future__ import annotations
-
-from typing import Any
-
-from examples.multi_agent import roles, task
-from examples.multi_agent.env import ENVIRONMENT  # noqa: F401 - the hook's module names its flags' environment
-from examples.multi_agent.flags import multi_agent_flags
-from vime.types import Sample
-
-
-async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any],
-                   evaluation: bool = False) -> list[Sample]:
-    flags = multi_agent_flags(args)
-    turns = await roles.solvers(args, sample, sampling_params, flags.num_solvers)
-    if any(task.usable(s) for s in turns):  # else there is nothing to rewrite or select: a shorter fan-out
-        rewrite = await roles.rewriter(args, sample, sampling_params, turns)
-        turns += [rewrite, await roles.selector(args, sample, sampling_params, turns, rewrite)]
-    task.assign_rewards(turns, flags.correct_reward_weight, flags.incorrect_reward_weight)
-    rollout_id = sample.rollout_id if sample.rollout_id is not None else sample.index
-    for s in turns:
-        s.rollout_id = rollout_id
-    return turns
+sys.modules[__name__] = _moved

@@ -5,7 +5,7 @@
 
 By default the rollouts are the durable environment (`--rollout-env multi_agent`: one workflow
 per rollout, one activity per role); pass `--custom-generate-function-path
-examples.multi_agent.generate.generate` to run the same roles as a plain generate hook instead.
+vime.envs.multi_agent.generate.generate` to run the same roles as a plain generate hook instead.
 Writes `reward_curve.png` (per step: mean reward, the final answers' accuracy, each role's mean
 score) and `summary.txt` to the run directory and prints the one-line summary.
 """
@@ -18,10 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from examples.multi_agent.task import ROLES
 from examples.quickstart.plot import plot_curves
 from examples.quickstart.run import refuse_if_in_use
 from vime.args import parse_args
+from vime.envs.multi_agent.task import ROLES
 from vime.errors import VimeError
 from vime.launch import run_to_end
 from vime.log import configure_logging

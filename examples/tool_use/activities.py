@@ -1,78 +1,8 @@
-"""The tool-use environment's activities (rollout queue): one rollout, and storing a group.
+"""Moved to `vime.envs.tool_use.activities` (installed with vime); this old path is that module, not a copy, so its
+classes and flags are the same objects whichever path imported them."""
 
-Its reward and its tool are hooks: `start(ctx, reward=..., tool=...)` builds the same
-environment around another grader (`reward(sample) -> float`) or another tool (`tool(sandbox,
-code, limits) -> CodeRun`), with no subclass. Heavy imports (the sandbox, the tokenizer, the
-engine client) happen here, in the worker, never in the module the flag parser imports (`env.py`).
-"""
+import sys
 
-from __future__ import annotations
+import vime.envs.tool_use.activities as _moved
 
-from collections.abc import Callable
-from typing import Any
-
-from temporalio import activity
-
-from examples.tool_use.flags import tool_use_config
-from examples.tool_use.rollout import Tool, replay, reward, run_tool_rollout
-from examples.tool_use.tool import run_code, tool_sandbox
-from examples.tool_use.workflow import ToolUseRolloutInput, ToolUseRolloutOutput
-from vime.envs import (EnvContext, EnvWorkers, GroupInput, GroupOutput, TurnLog, final_config_errors, heartbeating,
-                       prompt_group, prompt_sample, store_group, stored_group)
-from vime.errors import ConfigError
-from vime.rollout.generate import get_engine_client
-from vime.rollout.sampling import params_for_sample, sampling_params_from_args
-from vime.rollout.tokenization import tokenizer_for
-
-
-class ToolUseActivities:
-    """`engine(args)` gives what `generate(ids, params, session_id=...)` is called on: the run's
-    vLLM router by default (`vime.testing.scripted.ScriptedEngine` in tests that script a policy)."""
-
-    def __init__(self, ctx: EnvContext, engine: Any = None, reward: Callable[[Any], float] = reward,
-                 tool: Tool = run_code) -> None:
-        self.ctx, self.store, self.reward, self.tool = ctx, ctx.store, reward, tool
-        self.engine = engine or get_engine_client
-
-    @activity.defn(name="tool_use_rollout")
-    @final_config_errors
-    async def tool_use_rollout(self, inp: ToolUseRolloutInput) -> ToolUseRolloutOutput:
-        args = await self.ctx.run_args(inp.run_id)
-        sample = await prompt_sample(args, inp.position, inp.index)
-        rid, config, engine = str(sample.index), tool_use_config(args), self.engine(args)
-
-        async def generate(ids: list[int], params: dict) -> Any:
-            return await engine.generate(ids, params, session_id=f"{inp.run_id}-{rid}")
-
-        async with heartbeating(), tool_sandbox(args.sandbox_backend, config.limits) as sandbox:
-            sample = await run_tool_rollout(
-                sample, generate=generate, tokenizer=tokenizer_for(args), sandbox=sandbox,
-                params=params_for_sample(sampling_params_from_args(args), args, sample), config=config,
-                turn_log=TurnLog(self.store, inp.run_id, rid), on_turn=activity.heartbeat, tool=self.tool)
-        meta = sample.metadata
-        return ToolUseRolloutOutput(rid, len(meta.get("turns", [])), meta["tool_calls"], meta["resumed_at"])
-
-    @activity.defn(name="store_tool_use_group")
-    @final_config_errors
-    async def store_tool_use_group(self, inp: GroupInput) -> GroupOutput:
-        args = await self.ctx.run_args(inp.run_id)
-        ids = [str(s.index) for s in await prompt_group(args, inp.position)]
-        if (done := await stored_group(self.store, inp, ids)) is not None:  # a retry after the write
-            return done
-        rollouts = {}
-        for index, rid in enumerate(ids):
-            sample = await prompt_sample(args, inp.position, index)
-            if not (turns := await TurnLog(self.store, inp.run_id, rid).read()):
-                raise ConfigError(f"tool_use: rollout {rid} of group {inp.position} has no stored turn")
-            sample.response_length, sample.loss_mask, sample.rollout_log_probs = 0, [], []
-            replay(sample, turns)
-            sample.metadata["tool_calls"] = sum(1 for t in sample.metadata["turns"] if t["observation"])
-            sample.metadata["env"] = "tool_use"
-            sample.reward = self.reward(sample)
-            rollouts[rid] = [sample]
-        return await store_group(self.store, inp, rollouts, preview=True)
-
-
-def start(ctx: EnvContext, *, reward: Callable[[Any], float] = reward, tool: Tool = run_code) -> EnvWorkers:
-    acts = ToolUseActivities(ctx, reward=reward, tool=tool)
-    return EnvWorkers(activities=[acts.tool_use_rollout, acts.store_tool_use_group])
+sys.modules[__name__] = _moved

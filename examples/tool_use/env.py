@@ -1,16 +1,8 @@
-"""The tool-use environment (`--rollout-env tool_use`): retool-style multi-turn rollouts whose
-Python runs in a sandbox. Named by strings only: the flag parser imports this module, and the
-sandbox, tokenizer and engine wait for the rollout worker."""
+"""Moved to `vime.envs.tool_use` (installed with vime); this old path is that module, not a copy, so its
+classes and flags are the same objects whichever path imported them."""
 
-from examples.tool_use.flags import ToolUseFlags
-from vime.envs.base import Environment
+import sys
 
-ENVIRONMENT = Environment(
-    name="tool_use",
-    group_workflow="ToolUseGroupWorkflow",
-    workflows=("examples.tool_use.workflow:ToolUseGroupWorkflow",),
-    activities="examples.tool_use.activities:start",
-    flags=ToolUseFlags,
-    check="examples.tool_use.flags:check",
-    description="Multi-turn tool use: the model's Python runs in a sandbox, its output is a masked observation.",
-)
+import vime.envs.tool_use as _moved
+
+sys.modules[__name__] = _moved

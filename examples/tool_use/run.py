@@ -18,8 +18,8 @@ from pathlib import Path
 from examples.quickstart.plot import plot_curves
 from examples.quickstart.run import pop_option, refuse_if_in_use, summarize
 from examples.tool_use.sft_traces import write_traces
-from examples.tool_use.task import problems, write_prompts
 from vime.args import parse_args
+from vime.envs.tool_use.task import problems, write_prompts
 from vime.errors import VimeError
 from vime.launch import run_to_end
 from vime.log import configure_logging

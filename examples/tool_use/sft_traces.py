@@ -22,10 +22,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from examples.tool_use.rollout import ToolUseConfig, reward, run_tool_rollout
-from examples.tool_use.task import Problem, decline_turns, gold_turns
-from examples.tool_use.tool import ToolLimits, tool_sandbox
 from vime.engine.client import GenerateOutput
+from vime.envs.tool_use.rollout import ToolUseConfig, reward, run_tool_rollout
+from vime.envs.tool_use.task import Problem, decline_turns, gold_turns
+from vime.envs.tool_use.tool import ToolLimits, tool_sandbox
 from vime.types import Sample
 
 END_OF_TURN = "<|im_end|>"

@@ -2,18 +2,22 @@
 
 An environment is a module holding `ENVIRONMENT` (`Environment`: its group workflow, workflows,
 activities, flags); `--rollout-env` takes a built-in's name (`groups`, the default: single-turn
-prompt groups; `coding_agent`; the examples') or that module's dotted path. The flag parser
-loads it to add its flags; the rollout worker loads it again to register its workflows and
-activities; the training workflow only ever sees `Environment.group_workflow`, a registered
-workflow name, which it starts per prompt group with a `GroupInput` and which returns a
-`GroupOutput`. docs/environments.md walks through it.
+prompt groups; `coding_agent`; `tool_use`; `multi_agent`), a name an installed distribution
+registers in the `vime.environments` entry-point group, or that module's dotted path. Names are
+listed from the table below and the distributions' metadata: no module is imported to list it,
+only the one chosen (its flags are needed). The flag parser loads it to add its flags; the
+rollout worker loads it again to register its workflows and activities; the training workflow
+only ever sees `Environment.group_workflow`, a registered workflow name, which it starts per
+prompt group with a `GroupInput` and which returns a `GroupOutput`. docs/environments.md walks
+through it.
 
 What this module offers, by where it runs:
 
 - declaring: `Environment`, `EnvContext`, `EnvWorkers`, `env_flag`; the contract `GroupInput`,
   `GroupOutput`, `summarize`;
 - group workflows (`vime.envs.group_workflow`): `fan_out`, `fan_out_children`,
-  `execute_group_activity`, `finish_group`, `sample_workflow_id`, `rollout_retry_policy`;
+  `fan_out_activities`, `execute_group_activity`, `finish_group`, `sample_workflow_id`,
+  `rollout_retry_policy`;
 - activities (`vime.envs.rollouts`, `vime.temporal`): `group_activity` (a whole single-turn
   group with the environment's own reward), `prompt_group`, `prompt_sample`, `store_group`,
   `stored_group`, `TurnLog` (a multi-turn rollout's turns in the store),
@@ -27,6 +31,7 @@ temporalio's workflow module alone is most of a pre-start check's CPU.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import inspect
 import os
 import traceback
@@ -38,8 +43,8 @@ from vime.errors import ConfigError
 from vime.plugins import _import, load_function
 
 _LAZY = {
-    **dict.fromkeys(("fan_out", "fan_out_children", "execute_group_activity", "finish_group", "sample_workflow_id"),
-                    "vime.envs.group_workflow"),
+    **dict.fromkeys(("fan_out", "fan_out_children", "fan_out_activities", "execute_group_activity", "finish_group",
+                     "sample_workflow_id"), "vime.envs.group_workflow"),
     **dict.fromkeys(("group_activity", "prompt_group", "prompt_sample", "store_group", "stored_group", "TurnLog"),
                     "vime.envs.rollouts"),
     **dict.fromkeys(("rollout_retry_policy", "final_config_errors", "CONFIG_ERROR"), "vime.temporal.retry"),
@@ -49,18 +54,24 @@ _LAZY = {
     **dict.fromkeys(("make_sandbox", "run_program", "ProgramResult"), "vime.sandbox"),
 }
 
-__all__ = ["BUILTIN", "EnvContext", "Environment", "EnvWorkers", "GroupInput", "GroupOutput", "env_flag",
-           "load_environment", "resolve", "summarize", "workflow_classes", *_LAZY]
+__all__ = ["BUILTIN", "ENTRY_POINTS", "EnvContext", "Environment", "EnvWorkers", "GroupInput", "GroupOutput",
+           "env_flag", "load_environment", "registered", "resolve", "summarize", "workflow_classes", *_LAZY]
 
+# vime's own, also declared in pyproject.toml's entry points (a test keeps the two equal): this
+# table is what a checkout used without installing (PYTHONPATH only) still resolves.
 BUILTIN = {
     "groups": "vime.envs.groups",
     "coding_agent": "vime.envs.coding_agent",
-    "tool_use": "examples.tool_use.env",
-    "multi_agent": "examples.multi_agent.env",
+    "tool_use": "vime.envs.tool_use",
+    "multi_agent": "vime.envs.multi_agent",
 }
 # `--rollout-workflow`, the flag before environments, named the workflow: its values still work.
 LEGACY_WORKFLOWS = {"RolloutWorkflow": "groups", "CodingAgentRolloutWorkflow": "coding_agent"}
 FLAG = "--rollout-env"
+# The entry-point group a distribution declares its environments in (pyproject.toml):
+#   [project.entry-points."vime.environments"]
+#   my_env = "my_pkg.my_env"            # the module's ENVIRONMENT; or "my_pkg.envs:OTHER_NAME"
+ENTRY_POINTS = "vime.environments"
 
 
 def __getattr__(name: str) -> Any:
@@ -73,11 +84,32 @@ def __getattr__(name: str) -> Any:
     return value
 
 
+def registered() -> dict[str, list[tuple[str, str]]]:
+    """Every environment name `--rollout-env` takes, with what declares it: `(target, by)`, target
+    "module" or "module:attr", by "vime" or the distribution's name. Read from BUILTIN and the
+    installed distributions' metadata only: listing a name imports nothing. A name two
+    distributions declare differently has two entries (refused when it is chosen)."""
+    names = {name: [(module, "vime")] for name, module in BUILTIN.items()}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        entries = names.setdefault(ep.name, [])
+        by = ep.dist.name if ep.dist is not None else "?"
+        if ep.value.removesuffix(":ENVIRONMENT") not in {target for target, _ in entries}:
+            entries.append((ep.value.removesuffix(":ENVIRONMENT"), by))
+    return names
+
+
 def load_environment(spec: str, flag: str = FLAG) -> Environment:
-    """The environment `spec` names: a built-in's name or a module's dotted path (its
-    `ENVIRONMENT`). Any failure is one `ConfigError` naming the flag, the value and the fix."""
+    """The environment `spec` names: a built-in's name (always vime's own), a registered name
+    (`registered()`) or a module's dotted path (its `ENVIRONMENT`; "module:attr" names another). Any failure is one `ConfigError` naming the flag,
+    the value and the fix; a module that exists but fails to import says why (its error, file:line)."""
     spec = (spec or "").strip()
-    module_name = BUILTIN.get(spec, spec)
+    names = registered() if spec not in BUILTIN else {spec: [(BUILTIN[spec], "vime")]}
+    entries = names.get(spec, [])
+    if len(entries) > 1:
+        raise ConfigError(f"{flag} {spec!r}: declared by several installed distributions ("
+                          + ", ".join(f"{by}: {target}" for target, by in entries)
+                          + "); name the module's dotted path instead, or uninstall one")
+    module_name, _, attr = (entries[0][0] if entries else spec).partition(":")
     if not module_name or not all(p.isidentifier() for p in module_name.split(".")):
         raise ConfigError(f"{flag} {spec!r}: expected a built-in ({', '.join(BUILTIN)}) or a module's dotted path")
     try:
@@ -87,15 +119,17 @@ def load_environment(spec: str, flag: str = FLAG) -> Environment:
             raise
         if not _not_found(exc.__cause__, module_name):  # it exists: what its own import raised is the news
             raise _import_failed(flag, spec, module_name, exc.__cause__) from exc.__cause__
-        if spec in BUILTIN or "." in spec:
+        if entries or "." in spec:
             raise
-        raise ConfigError(f"{flag} {spec!r}: no such environment; built-ins: {', '.join(BUILTIN)}, "
-                          "or a module's dotted path (pkg.my_env) whose ENVIRONMENT declares it") from exc
+        others = [name for name in names if name not in BUILTIN]
+        raise ConfigError(f"{flag} {spec!r}: no such environment; built-ins: {', '.join(BUILTIN)}"
+                          + (f"; installed: {', '.join(sorted(others))}" if others else "")
+                          + ", or a module's dotted path (pkg.my_env) whose ENVIRONMENT declares it") from exc
     except Exception as exc:  # noqa: BLE001 - the module ran and raised: one line, not a traceback at parse time
         raise _import_failed(flag, spec, module_name, exc) from exc
-    env = getattr(module, "ENVIRONMENT", None)
+    env = getattr(module, attr or "ENVIRONMENT", None)
     if not isinstance(env, Environment):
-        raise ConfigError(f"{flag} {spec!r}: module {module_name!r} has no ENVIRONMENT "
+        raise ConfigError(f"{flag} {spec!r}: module {module_name!r} has no {attr or 'ENVIRONMENT'} "
                           f"(a vime.envs.Environment); got {type(env).__name__}")
     return env
 

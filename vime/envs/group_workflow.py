@@ -9,6 +9,9 @@ the memo for the Web UI, the preview taken off what goes back to the training wo
             outs = await fan_out_children(inp, MyRolloutWorkflow.run, lambda i: MyRolloutInput(...), "my")
             return finish_group(summarize_mine(inp.position, outs))
 
+A rollout that is one activity (its turns checkpointed in the store) fans out with
+`fan_out_activities`; a group that is one activity runs with `execute_group_activity`.
+
 Workflow code: call these from inside a workflow only. The training workflow starts every group
 with its run, rollout id, policy version and status "running" (`starting_search_attributes`).
 """
@@ -77,6 +80,16 @@ async def fan_out_children(inp: GroupInput, run: Callable[..., Any], make_input:
                                    type=CONFIG_ERROR, non_retryable=True) from e
 
     return await fan_out(inp, one)
+
+
+async def fan_out_activities(inp: GroupInput, name: str, make_input: Callable[[int], Any], result_type: type[T],
+                             timeout: timedelta = timedelta(hours=2)) -> list[T]:
+    """One activity `name` per sample (`make_input(i)` its input, `result_type` its output),
+    concurrently, each heartbeating, with the rollout retry policy: the per-sample sibling of
+    `execute_group_activity` (a long rollout as one activity that checkpoints its turns)."""
+    return await fan_out(inp, lambda i: workflow.execute_activity(
+        name, make_input(i), result_type=result_type, start_to_close_timeout=timeout,
+        heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds), retry_policy=rollout_retry_policy()))
 
 
 async def execute_group_activity(inp: GroupInput, name: str, timeout: timedelta = timedelta(hours=2)) -> GroupOutput:

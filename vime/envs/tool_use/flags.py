@@ -35,8 +35,8 @@ def check(args: Any) -> None:
 
 def tool_use_config(args: Any):
     """The rollout's config from the run's flags (defaults for a run that parsed none)."""
-    from examples.tool_use.rollout import DEFAULT_BUDGET, ToolUseConfig
-    from examples.tool_use.tool import ToolLimits
+    from vime.envs.tool_use.rollout import DEFAULT_BUDGET, ToolUseConfig
+    from vime.envs.tool_use.tool import ToolLimits
 
     flags = args.env_args if isinstance(args.env_args, ToolUseFlags) else ToolUseFlags()
     return ToolUseConfig(max_turns=flags.tool_max_turns,

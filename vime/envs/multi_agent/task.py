@@ -19,20 +19,29 @@ score of the candidate it picked (0 without a pick); then every role's reward is
 `--correct-reward-weight` when the picked candidate is correct, else by
 `--incorrect-reward-weight` (slime's weighting). Siblings therefore carry rewards of their own;
 the advantage code counts the rollout once in its group's statistics whatever its fan-out.
+
+`score` and `reward` are the environment's default hooks (`activities.start(ctx, score=...,
+reward=...)` takes others): a turn's verifier score, and a rollout's turns paid from their scores.
 """
 
 from __future__ import annotations
 
 import string
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from functools import lru_cache
 from typing import Any
 
+from vime.envs.multi_agent.flags import multi_agent_flags
+from vime.rollout.tokenization import tokenizer_for
 from vime.types import Sample
 
 CORRECT_AT = 0.5
 ROLES = ("solver", "rewriter", "selector")
 LABELS = string.ascii_uppercase
+
+# The hooks (sync or async): a role turn's verifier score, and one reward per turn of a rollout.
+Score = Callable[[Any, Sample], "float | Awaitable[float]"]  # (args, turn) -> its score
+Reward = Callable[[Any, list[Sample]], "Sequence[float] | Awaitable[Sequence[float]]"]  # (args, turns in order)
 
 
 def problem_text(prompt: str | list[dict[str, Any]]) -> str:
@@ -106,3 +115,15 @@ def assign_rewards(samples: Sequence[Sample], correct_weight: float, incorrect_w
         s.metadata["final_correct"] = correct
         s.metadata["reward_weight"] = weight
     return correct
+
+
+def score(args: Any, sample: Sample) -> float:
+    """The default `score` hook: the capital share of the turn's response (the run's tokenizer)."""
+    return capital_share(tokenizer_for(args), sample.response_tokens)
+
+
+def reward(args: Any, samples: list[Sample]) -> list[float]:
+    """The default `reward` hook: `assign_rewards` with the run's --correct-/--incorrect-reward-weight."""
+    flags = multi_agent_flags(args)
+    assign_rewards(samples, flags.correct_reward_weight, flags.incorrect_reward_weight)
+    return [s.reward for s in samples]

@@ -8,7 +8,7 @@ A rollout is one activity that loops over turns (sample, run the code in a sandb
 output) and appends each finished turn to the store; its sandbox lives and dies inside the
 activity, so any worker can retry it. A worker killed mid-rollout stops heartbeating, Temporal
 retries the activity elsewhere, and the retry replays the stored turns and continues at the
-first turn not stored (`examples/tool_use/rollout.py`). Infra failures (engine down, sandbox
+first turn not stored (`rollout.py`). Infra failures (engine down, sandbox
 that cannot start) retry until they pass; a `ConfigError` (a bad label, a broken prompt) ends
 the run with its line. What the model's code does is never a failure: it is an observation.
 """
@@ -22,8 +22,7 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from vime.envs import GroupInput, GroupOutput
-    from vime.envs.group_workflow import fan_out, finish_group
-    from vime.temporal.retry import rollout_retry_policy
+    from vime.envs.group_workflow import execute_group_activity, fan_out_activities, finish_group
 
 TOOL_USE_ROLLOUT = "tool_use_rollout"
 STORE_TOOL_USE_GROUP = "store_tool_use_group"
@@ -49,10 +48,6 @@ class ToolUseRolloutOutput:
 class ToolUseGroupWorkflow:
     @workflow.run
     async def run(self, inp: GroupInput) -> GroupOutput:
-        await fan_out(inp, lambda i: workflow.execute_activity(
-            TOOL_USE_ROLLOUT, ToolUseRolloutInput(inp.run_id, inp.position, i, inp.weight_version),
-            result_type=ToolUseRolloutOutput, start_to_close_timeout=timedelta(hours=2),
-            heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds), retry_policy=rollout_retry_policy()))
-        return finish_group(await workflow.execute_activity(
-            STORE_TOOL_USE_GROUP, inp, result_type=GroupOutput, start_to_close_timeout=timedelta(minutes=10),
-            retry_policy=rollout_retry_policy()))
+        await fan_out_activities(inp, TOOL_USE_ROLLOUT, lambda i: ToolUseRolloutInput(
+            inp.run_id, inp.position, i, inp.weight_version), ToolUseRolloutOutput)
+        return finish_group(await execute_group_activity(inp, STORE_TOOL_USE_GROUP, timedelta(minutes=10)))

@@ -21,8 +21,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from examples.tool_use.task import CODE_CLOSE, code_of, score
-from examples.tool_use.tool import CodeRun, ToolLimits, run_code
+from vime.envs.tool_use.task import CODE_CLOSE, code_of, score
+from vime.envs.tool_use.tool import CodeRun, ToolLimits, run_code
 from vime.types import Sample
 
 DEFAULT_BUDGET = 256

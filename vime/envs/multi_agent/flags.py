@@ -1,5 +1,5 @@
 """The multi-agent system's flags, parsed into `args.env_args` when a run uses it
-(`--rollout-env multi_agent`, or its generate hook `examples.multi_agent.generate.generate`).
+(`--rollout-env multi_agent`, or its generate hook `vime.envs.multi_agent.generate.generate`).
 
 The two weights are slime's `correct_reward_weight` / `incorrect_reward_weight`: every role's
 reward is its own score times one of them, chosen by whether the system's final answer (the

@@ -8,6 +8,11 @@ sampled it (`sampled_by`): a role is never sampled twice into the store.
 
 Every store call runs in a thread (`store_call`): a write waiting for SQLite's lock must not stop
 the worker's event loop, which sends the heartbeats.
+
+The grader is two hooks, not methods to override: `start(ctx, score=..., reward=...)` builds the
+same environment around another verifier (`score(args, turn) -> float`, each solver's and the
+rewriter's turn) or another payout (`reward(args, turns) -> [float]`, one per turn of a rollout,
+in turn order); both may be async (`vime.envs.multi_agent.task` has the defaults).
 """
 
 from __future__ import annotations
@@ -16,11 +21,11 @@ from typing import Any
 
 from temporalio import activity
 
-from examples.multi_agent import roles, task
-from examples.multi_agent.flags import multi_agent_flags
-from examples.multi_agent.workflow import (REWRITER, SELECTOR, SOLVERS, STORE, MultiAgentRolloutInput,
-                                           MultiAgentRolloutOutput, RoleOutput)
 from vime.envs import EnvContext, EnvWorkers, final_config_errors, heartbeating, prompt_group, store_call
+from vime.envs.multi_agent import roles, task
+from vime.envs.multi_agent.flags import multi_agent_flags
+from vime.envs.multi_agent.workflow import (REWRITER, SELECTOR, SOLVERS, STORE, MultiAgentRolloutInput,
+                                           MultiAgentRolloutOutput, RoleOutput)
 from vime.rollout.sampling import params_for_sample, sampling_params_from_args
 from vime.store.queries import Turn
 from vime.types import RolloutRef, Sample
@@ -47,10 +52,11 @@ def turn_sample(turn: Turn) -> Sample:
 
 
 class MultiAgentActivities:
-    """Each activity works for the run its input names, with that run's config (`ctx.run_args`)."""
+    """Each activity works for the run its input names, with that run's config (`ctx.run_args`);
+    `score` and `reward` are the grader's hooks (`start`)."""
 
-    def __init__(self, ctx: EnvContext) -> None:
-        self.ctx, self.store = ctx, ctx.store
+    def __init__(self, ctx: EnvContext, *, score: task.Score = task.score, reward: task.Reward = task.reward) -> None:
+        self.ctx, self.store, self.score, self.reward = ctx, ctx.store, score, reward
 
     async def _base(self, inp: MultiAgentRolloutInput) -> tuple[Any, Sample, dict[str, Any]]:
         """The run's args, the rollout's data-source sample and its sampling parameters (seeded by its index)."""
@@ -83,7 +89,7 @@ class MultiAgentActivities:
         done = {t: s for t, s in (await self._stored(inp, base)).items() if t < k}
         if len(done) < k:
             async with heartbeating():
-                turns = await roles.solvers(args, base, params, k, done)
+                turns = await roles.solvers(args, base, params, k, done, score=self.score)
             await self._save(inp, base, [s for s in turns if s.metadata["turn"] not in done])
             done = {s.metadata["turn"]: s for s in turns}
         return self._output("solver", base, [done[t] for t in range(k)])
@@ -96,7 +102,8 @@ class MultiAgentActivities:
         stored = await self._stored(inp, base)
         if k not in stored:
             async with heartbeating():
-                stored[k] = await roles.rewriter(args, base, params, [stored[t] for t in range(k)])
+                stored[k] = await roles.rewriter(args, base, params, [stored[t] for t in range(k)],
+                                                 score=self.score)
             await self._save(inp, base, [stored[k]])
         return self._output("rewriter", base, [stored[k]])
 
@@ -119,10 +126,10 @@ class MultiAgentActivities:
         """The stored turns as the rollout's samples, rewarded, written once (a retry gets the
         stored refs back)."""
         args, base, _ = await self._base(inp)
-        flags, rollout_id = multi_agent_flags(args), str(base.index)
+        rollout_id = str(base.index)
         stored = await self._stored(inp, base)
         samples = [stored[t] for t in sorted(stored)]
-        correct = task.assign_rewards(samples, flags.correct_reward_weight, flags.incorrect_reward_weight)
+        correct = await roles.pay(self.reward, args, samples)
         for s in samples:
             s.rollout_id = rollout_id
             s.metadata["weight_version"] = inp.weight_version
@@ -135,6 +142,6 @@ class MultiAgentActivities:
         return [self.solvers, self.rewriter, self.selector, self.store_rollout]
 
 
-def start(ctx: EnvContext) -> EnvWorkers:
-    return EnvWorkers(activities=MultiAgentActivities(ctx).all())
+def start(ctx: EnvContext, *, score: task.Score = task.score, reward: task.Reward = task.reward) -> EnvWorkers:
+    return EnvWorkers(activities=MultiAgentActivities(ctx, score=score, reward=reward).all())
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from examples.tool_use.task import observation
+from vime.envs.tool_use.task import observation
 from vime.sandbox import CommandTimeout, make_sandbox
 
 PYTHON = "/usr/bin/python3"
