@@ -266,6 +266,34 @@ def test_command_line_errors_are_one_line_and_exit_2(capsys):
 # ---------------------------------------------------------------- run identity and config files
 
 
+def test_the_parsed_config_is_read_only_but_a_hook_may_keep_its_own_attributes():
+    """Hooks get the run's config as slime's `args`; changing a field in one worker would run a config
+    no other process and no stored record agrees with, so it raises and names the flag."""
+    import dataclasses
+
+    args = parse_args(["--rollout-batch-size", "4"])
+    with pytest.raises(dataclasses.FrozenInstanceError, match=r"args.rollout_batch_size is the run's config .*"
+                                                              r"set --rollout-batch-size on the command line"):
+        args.rollout_batch_size = 8
+    with pytest.raises(AttributeError, match="args.vllm_server_args .* it is derived from the flags"):
+        args.vllm_server_args = []
+    args.my_cache = {"seen": 1}  # not a flag: the hook's own
+    assert (args.rollout_batch_size, args.my_cache) == (4, {"seen": 1})
+    changed = args.replace(rollout_batch_size=8)  # a changed copy, read-only too
+    assert (changed.rollout_batch_size, args.rollout_batch_size) == (8, 4)
+    with pytest.raises(AttributeError):
+        changed.rollout_batch_size = 2
+
+
+def test_a_config_read_back_from_the_store_is_read_only_too():
+    from vime.run_args import args_from_stored, stored_config
+
+    args = args_from_stored(stored_config(parse_args(["--rollout-batch-size", "4"])))
+    assert args.rollout_batch_size == 4
+    with pytest.raises(AttributeError, match="read-only"):
+        args.rollout_batch_size = 8
+
+
 def test_run_dir_store_and_run_id_follow_each_other(tmp_path):
     args = parse_args(["--run-dir", str(tmp_path / "exp1")])
     assert args.run_id == "exp1"

@@ -317,9 +317,10 @@ async def test_kill_9_of_the_rollout_worker_resumes_after_the_last_finished_role
     for (_, attempt, _), marker in zip(runs[:finished_before], markers[:finished_before]):
         assert 1 <= int(marker.rsplit("#", 1)[1]) <= attempt, (markers, runs)
     in_flight_attempt = runs[finished_before][1]
-    # the role the kill interrupted: sampled by its retry, or (killed between storing its turn and
-    # reporting) by the killed attempt, whose stored turn the retry returned without sampling again
-    assert markers[finished_before].rsplit("#", 1)[1] in {"1", str(in_flight_attempt)}, (markers, runs)
+    # the role the kill interrupted: sampled by the killed attempt (killed between storing its turn
+    # and reporting) or by a retry; on a loaded machine a retry may itself store the turn and miss
+    # its heartbeat, and the next one returns that stored turn: never sampled after it was stored
+    assert 1 <= int(markers[finished_before].rsplit("#", 1)[1]) <= in_flight_attempt, (markers, runs)
 
 
 # ---- learning ---------------------------------------------------------------------------------

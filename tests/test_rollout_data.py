@@ -280,7 +280,7 @@ def test_sampling_params_use_vllms_names_and_a_seed_per_sample(tmp_path):
     assert params_for_sample(params, args, Sample(index=5))["seed"] == 15
     assert "seed" not in params
     assert params_for_sample({"seed": 3}, args, Sample(index=5))["seed"] == 3
-    args.eval_temperature = 0.0
+    args = args.replace(eval_temperature=0.0)
     assert sampling_params_from_args(args, evaluation=True)["temperature"] == 0.0
     assert "max_tokens" not in sampling_params_from_args(make_args(tmp_path))
 

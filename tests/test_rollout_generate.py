@@ -133,7 +133,7 @@ async def test_a_prompt_longer_than_the_context_fails_the_sample_not_the_group(t
     assert "4096" in too_long[0].metadata["error"] or "context" in too_long[0].metadata["error"]
     assert too_long[0].reward == FAILED_REWARD and "infra_failure" not in too_long[0].metadata
 
-    args.vllm_server_args = ["--max-model-len", "16"]  # known up front: no request at all
+    args = args.replace(vllm_server_args=["--max-model-len", "16"])  # known up front: no request at all
     assert max_model_len(args) == 16
     failed = await generate(args, Sample(index=2, prompt=" ".join(["word"] * 40)), sampling_params_from_args(args))
     assert failed.status == Sample.Status.FAILED and "(--vllm-max-model-len)" in failed.metadata["error"]
@@ -196,7 +196,7 @@ async def test_a_slime_generate_and_reward_function_run_unchanged(tmp_path, vllm
         check_consistent(sample)
         assert sample.reward == 1.0 and sample.rollout_id == str(2 + i)
 
-    args.custom_generate_function_path = f"{mod}.generate_with_vime_client"
+    args = args.replace(custom_generate_function_path=f"{mod}.generate_with_vime_client")
     [[evaluated]] = await run_group(args, [Sample(group_index=0, index=9, prompt="x = ", label="")], evaluation=True)
     check_consistent(evaluated)
     assert importlib.import_module(mod).SEEN == {9: True}
@@ -298,13 +298,13 @@ async def test_a_failed_generate_becomes_a_failed_sample(tmp_path, tiny_model_di
     assert down.metadata["error"] == down.metadata["infra_failure"]
     assert down.rollout_id == "3" and down.prompt == "hi" and down.tokens == []
 
-    args.custom_generate_function_path = f"{mod}.buggy"
+    args = args.replace(custom_generate_function_path=f"{mod}.buggy")
     [[broken]] = await run_group(args, [copy.deepcopy(original)])
     assert broken.status == Sample.Status.FAILED and broken.reward == FAILED_REWARD
     assert broken.metadata["error"] == "ValueError: the agent could not parse its own tool call"
     assert "infra_failure" not in broken.metadata
 
-    args.custom_generate_function_path = f"{mod}.misconfigured"
+    args = args.replace(custom_generate_function_path=f"{mod}.misconfigured")
     with pytest.raises(ConfigError, match="--my-flag is missing"):
         await run_group(args, [copy.deepcopy(original)])
 
@@ -314,7 +314,7 @@ async def test_hooks_that_break_the_contract_are_named(tmp_path, hook_module):
     args = make_args(tmp_path, "--custom-generate-function-path", f"{mod}.nothing", "--rm-type", "exact_match")
     with pytest.raises(ConfigError, match=rf"--custom-generate-function-path '{mod}.nothing' returned NoneType"):
         await run_group(args, [Sample(index=0)])
-    args.custom_generate_function_path = f"{mod}.own_ids"
+    args = args.replace(custom_generate_function_path=f"{mod}.own_ids")
     with pytest.raises(ConfigError, match=r"siblings with rollout ids \['a', 'b'\]"):
         await run_group(args, [Sample(index=0)])
 
@@ -333,8 +333,7 @@ async def test_rollout_sampling_is_bounded_when_the_filter_drops_everything(tmp_
         def get_samples(self, num_groups):
             return super().get_samples(min(num_groups, max(0, 3 - self.position)))
 
-    args.dynamic_sampling_filter_path = None
-    args.rollout_batch_size = 5
+    args = args.replace(dynamic_sampling_filter_path=None, rollout_batch_size=5)
     assert len(await vllm_rollout.generate_rollout(args, 0, Finite(args))) == 3
 
 
@@ -351,7 +350,7 @@ async def test_eval_rollout_runs_every_eval_prompt_apart_from_training(tmp_path,
     assert ids == ["eval-a-0", "eval-a-1", "eval-b-0", "eval-b-1"]
     results = vllm_rollout.eval_results(args, groups)
     assert results["a"]["rewards"] == [1.0, 1.0] and results["b"]["truncated"] == [False, False]
-    args.eval_prompt_data = ["a"]
+    args = args.replace(eval_prompt_data=["a"])
     with pytest.raises(ConfigError, match="name path pairs"):
         await vllm_rollout.generate_rollout(args, 0, None, evaluation=True)
 

@@ -210,7 +210,7 @@ async def test_dict_rewards_are_kept_and_reward_key_picks_the_scalar(tmp_path, h
     value = await reward(args, Sample())
     assert value == {"acc": 1.0, "format": 0.5}
     assert reward_value(args, value) == 1.0
-    args.reward_key = None
+    args = args.replace(reward_key=None)
     with pytest.raises(ConfigError, match=r"keys \['acc', 'format'\]; set --reward-key"):
         reward_value(args, value)
 
@@ -285,7 +285,7 @@ def test_zero_spread_groups_are_dropped(tmp_path):
     assert check_reward_nonzero_std(args, rewarded(1.0, None, infra=(1,))).reason == "too_few_rewards"
     fan_out = [rewarded(1.0, 1.0), rewarded(0.0)]  # a fan-out's siblings share its reward
     assert check_reward_nonzero_std(args, fan_out).keep
-    args.reward_key = "acc"
+    args = args.replace(reward_key="acc")
     assert not check_reward_nonzero_std(args, rewarded({"acc": 1.0, "len": 1}, {"acc": 1.0, "len": 9})).keep
 
 

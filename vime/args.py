@@ -251,7 +251,7 @@ def parse_args(argv: list[str] | None = None, *, vllm_flags: bool = True) -> Vim
     resolve(args)
     resolve_precision(args, given=values.keys(), training=trains_on_rollouts(args))
     args.argv = [*argv, "--run-id", args.run_id, "--run-dir", args.run_dir]
-    return args
+    return args.read_only()
 
 
 def check_vllm_flags(args: VimeArgs) -> VimeArgs:
@@ -260,8 +260,7 @@ def check_vllm_flags(args: VimeArgs) -> VimeArgs:
     if not args.vllm_server_args:
         return args
     checked = parse_args(args.argv)  # the same run id and directory: argv ends with them
-    checked.argv = args.argv
-    return checked
+    return checked.replace(argv=args.argv)
 
 
 def parse_args_or_exit(argv: list[str] | None = None) -> VimeArgs:

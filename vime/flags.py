@@ -1,9 +1,13 @@
 """Every flag vime declares, as the fields of one typed dataclass, `VimeArgs`: the field is the
 flag, its type, default, help and group (`vime.args` builds the parser from them and parses).
 
-Why a plain (mutable) dataclass rather than a Namespace: hooks written for slime read
-`args.rollout_max_response_len` and sometimes set attributes of their own, so `VimeArgs` keeps
-attribute access and stays mutable, while the fields give types, defaults and one place to read.
+Why a dataclass rather than a Namespace: hooks written for slime read `args.rollout_max_response_len`
+and sometimes set attributes of their own, so `VimeArgs` keeps attribute access and takes new
+attributes, while the fields give types, defaults and one place to read. Once parsed it is the run's
+config and read-only (`read_only()`): assigning a field raises and names the flag to set instead,
+because a hook or module that changed `args.rollout_batch_size` in one worker would run a config no
+other process and no stored record agrees with. (Read-only is one level deep: the lists and dicts
+inside are the run's too; `replace(**changes)` makes a changed copy, for tests.)
 `VimeArgs.argv` keeps the command line, followed by the resolved `--run-id` and `--run-dir`, so
 another process (a worker, in any directory) gets the same run from `parse_args(args.argv)`.
 
@@ -331,6 +335,28 @@ class VimeArgs:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self.__dict__.get("_read_only") and name in _FIELD_NAMES:
+            flag = _OPTIONS.get(name)
+            how = f"set {flag} on the command line or in the JSON of `vime config`" if flag else "it is derived from the flags"
+            raise dataclasses.FrozenInstanceError(
+                f"args.{name} is the run's config and read-only once parsed: {how}; a hook may keep "
+                "attributes of its own on args (any name that is not a flag)")
+        object.__setattr__(self, name, value)
+
+    def read_only(self) -> VimeArgs:
+        """This config, its fields read-only from now on (the parser's last step)."""
+        object.__setattr__(self, "_read_only", True)
+        return self
+
+    def replace(self, **changes: Any) -> VimeArgs:
+        """A copy with `changes`, read-only like this one."""
+        copy = dataclasses.replace(self, **changes)
+        return copy.read_only() if self.__dict__.get("_read_only") else copy
+
+
+_FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(VimeArgs))
+
 
 def flag_fields() -> list[dataclasses.Field]:
     """The `VimeArgs` fields that are command-line flags, in declaration order."""
@@ -339,3 +365,6 @@ def flag_fields() -> list[dataclasses.Field]:
 
 def _option(f: dataclasses.Field) -> str:
     return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+_OPTIONS = {f.name: _option(f) for f in flag_fields()}

@@ -53,7 +53,7 @@ def args_from_stored(config: dict[str, Any], **overrides: Any) -> VimeArgs:
     """`VimeArgs` from a run's stored config (`stored_config`) with `overrides`: a field the run's
     vime did not have yet takes its default; one it had and this vime dropped is left out."""
     known = {f.name for f in dataclasses.fields(VimeArgs)}
-    return VimeArgs(**{k: v for k, v in {**config, **overrides}.items() if k in known})
+    return VimeArgs(**{k: v for k, v in {**config, **overrides}.items() if k in known}).read_only()
 
 
 class RunArgs:
