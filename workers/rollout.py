@@ -8,7 +8,7 @@ coding agent's sandbox queues) and the generate activities every run uses.
 Every activity reads its run's config by run id (`vime.run_args`; environments through
 `EnvContext.run_args`): the worker's own flags give its connections and queues. A worker started
 with a run's flags serves that run's environment; a long-lived one (connections only) serves the
-environments in vime (`LONG_LIVED_ENVS`) and the one its `--rollout-env` names, so a coding-agent
+environments in vime (`LONG_LIVED_ENVS`: all four built-ins) and the one its `--rollout-env` names, so a coding-agent
 run starts on it from the JSON of `vime config` like any other.
 """
 
@@ -24,7 +24,7 @@ from activities.rollout import RolloutActivities
 from activities.steps import StepActivities
 from vime.agent.shared_adapter import close_shared_adapters
 from vime.args import parse_args_or_exit
-from vime.envs import EnvContext, Environment, load_environment, resolve, workflow_classes
+from vime.envs import BUILTIN, EnvContext, Environment, load_environment, resolve, workflow_classes
 from vime.rollout.generate import close_engine_clients
 from vime.rollout.tokenization import get_tokenizer
 from vime.store import SampleStore
@@ -43,7 +43,7 @@ ROLLOUT_ACTIVITY_SLOTS = 256
 ROLLOUT_LOCAL_ACTIVITY_SLOTS = 512
 ROLLOUT_WORKFLOW_TASK_SLOTS = 512
 
-LONG_LIVED_ENVS = ("groups", "coding_agent")  # the environments vime ships (the examples' run from the repository)
+LONG_LIVED_ENVS = tuple(BUILTIN)  # the environments vime ships: a long-lived worker serves a run of any of them
 
 
 def served_environments(args) -> list[Environment]:
