@@ -11,7 +11,7 @@ from temporalio import activity
 
 from vime.temporal.store_calls import store_call
 from vime.metrics_log import MetricsLog
-from vime.run_args import RunArgs
+from vime.config.run_args import RunArgs
 from workflows.steps import RECORD_METRICS, StepMetrics
 
 

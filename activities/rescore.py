@@ -18,7 +18,7 @@ from vime.temporal.store_calls import store_call
 from vime.errors import ConfigError
 from vime.ops.rescore import stored_run_config
 from vime.rollout.rewards import group_rewards
-from vime.run_args import args_from_stored
+from vime.config.run_args import args_from_stored
 from vime.store import SampleStore
 from vime.temporal.rescore import RESCORE_PAGE, RescorePage, RescorePageResult
 

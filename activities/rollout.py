@@ -41,7 +41,7 @@ from vime.rollout.filters import apply_dynamic_filter
 from vime.rollout.generate import router_url
 from vime.rollout.group import run_group
 from vime.rollout.policy_check import check_on_policy
-from vime.run_args import RunArgs, stored_config
+from vime.config.run_args import RunArgs, stored_config
 from vime.envs.contract import hook_failures, summarize
 from vime.store import SampleStore
 from vime.types import Sample
@@ -73,7 +73,7 @@ async def wait_for_engine(url: str, timeout: float = ENGINE_WAIT_S) -> bool:
 
 
 class RolloutActivities:
-    """Generation for any run: each call reads its run's config by run id (`vime.run_args`)."""
+    """Generation for any run: each call reads its run's config by run id (`vime.config.run_args`)."""
 
     def __init__(self, args: Any, store: SampleStore) -> None:
         self.runs = RunArgs(args, store.run_argv)

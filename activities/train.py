@@ -77,7 +77,7 @@ class TrainerActivities:
 
     def verify_tolerance(self) -> tuple[float, float]:
         """`(atol, rtol)` for `verify_sync`: 1e-3 with fp32 on both sides; with a bf16 trainer or
-        bf16 rollout servers (`vime.precision`) 5e-2 + 1% of each |logprob|: a token the trained
+        bf16 rollout servers (`vime.config.precision`) 5e-2 + 1% of each |logprob|: a token the trained
         policy gives logprob -23 is 0.05 off with the right weights (the bf16 quickstart)."""
         if self._verify_atol is not None:
             return self._verify_atol, 0.0

@@ -36,7 +36,7 @@ from temporalio.worker import Worker  # noqa: E402
 from activities.rollout import RolloutActivities  # noqa: E402
 from bench.orchestration_overhead import (  # noqa: E402
     Failures, direct, temporal, through_workflows, unless_engine_dies)
-from vime.args import parse_args  # noqa: E402
+from vime.config.args import parse_args  # noqa: E402
 from vime.engine.server import VLLMServer  # noqa: E402
 from vime.log import configure_logging  # noqa: E402
 from vime.rollout.generate import close_engine_clients  # noqa: E402

@@ -42,7 +42,7 @@ from temporalio.testing import WorkflowEnvironment  # noqa: E402
 from temporalio.worker import Worker  # noqa: E402
 
 from activities.rollout import RolloutActivities  # noqa: E402
-from vime.args import parse_args  # noqa: E402
+from vime.config.args import parse_args  # noqa: E402
 from vime.engine.server import VLLMServer  # noqa: E402
 from vime.log import configure_logging  # noqa: E402
 from vime.rollout.data_source import RolloutDataSource  # noqa: E402

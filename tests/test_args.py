@@ -11,8 +11,8 @@ import importlib.util
 
 import pytest
 
-import vime.args_forward as forward
-from vime.args import VimeArgs, build_parser, parse_args, parse_args_or_exit
+import vime.config.forward as forward
+from vime.config.args import VimeArgs, build_parser, parse_args, parse_args_or_exit
 from vime.errors import ConfigError
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
@@ -286,7 +286,7 @@ def test_the_parsed_config_is_read_only_but_a_hook_may_keep_its_own_attributes()
 
 
 def test_a_config_read_back_from_the_store_is_read_only_too():
-    from vime.run_args import args_from_stored, stored_config
+    from vime.config.run_args import args_from_stored, stored_config
 
     args = args_from_stored(stored_config(parse_args(["--rollout-batch-size", "4"])))
     assert args.rollout_batch_size == 4

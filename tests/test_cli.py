@@ -81,7 +81,7 @@ def test_help_lists_the_flag_groups():
 
 
 def test_config_prints_the_workflow_input_that_temporal_decodes_as_the_run_s_numbers(tmp_path):
-    from vime.run_input import from_json
+    from vime.config.run_input import from_json
     from vime.temporal.training_contract import TrainingState
 
     result = vime("config", "--hf-checkpoint", str(tmp_path), "--run-id", "exp1", "--rollout-batch-size", "2",

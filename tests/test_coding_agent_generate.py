@@ -12,7 +12,7 @@ import pytest
 from examples.coding_agent_rl.gold_edits import write_prompts
 from examples.coding_agent_rl.tasks.prepare import load_tasks
 from tests.conftest import engine_flags
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.errors import ConfigError
 from vime.rollout.data_source import make_data_source
 from vime.rollout.group import run_group

@@ -9,7 +9,7 @@ import json
 from examples.coding_agent_rl import rl_gain
 from examples.coding_agent_rl.curve import plot_rl_curve
 from examples.coding_agent_rl.run import rl_flags
-from vime.args import parse_args
+from vime.config.args import parse_args
 
 
 def test_rl_gain_flags_parse_over_the_example_defaults(tmp_path):

@@ -15,7 +15,7 @@ import ast
 import dataclasses
 from pathlib import Path
 
-from vime.args import VimeArgs
+from vime.config.args import VimeArgs
 
 ROOT = Path(__file__).resolve().parents[1]
 SCANNED = ("vime", "workflows", "activities", "workers")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vime.args import parse_args
+from vime.config.args import parse_args
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_FILE = REPO / "deploy" / "vime.env"

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import engine_flags
 from tests.runs import TrainRun
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.envs import BUILTIN, ENTRY_POINTS, load_environment, registered, workflow_classes
 from vime.errors import ConfigError
 from vime.store import SampleStore
@@ -119,7 +119,7 @@ def test_the_examples_environments_resolve_from_a_directory_outside_the_reposito
     before the environments moved into vime this failed with "No module named 'examples'".)"""
     code = textwrap.dedent("""
         import importlib.util
-        from vime.args import parse_args
+        from vime.config.args import parse_args
         from vime.envs import load_environment, resolve, workflow_classes
         assert importlib.util.find_spec("examples") is None, "the checkout is on the path: this proves nothing"
         for name in ("tool_use", "multi_agent"):

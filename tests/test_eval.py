@@ -9,7 +9,7 @@ from fractions import Fraction
 
 import pytest
 
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.errors import ConfigError
 from vime.rollout.eval_data import eval_prompt_group, eval_rollout_id, eval_sets
 from vime.rollout.eval_metrics import ScoredSample, pass_at_k, reported_ks, round_metrics, set_metrics
@@ -125,7 +125,7 @@ def test_eval_sets_are_read_with_the_eval_keys(tmp_path):
 
 
 def test_eval_files_are_checked_with_the_eval_keys_before_start(tmp_path):
-    from vime.preflight import check_prompt_data
+    from vime.config.preflight import check_prompt_data
 
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"input": "x", "label": "1"}] * 4)
     evals = write_jsonl(tmp_path / "e.jsonl", [{"q": "x"}, {"input": "y"}])
@@ -151,7 +151,7 @@ def test_rounds_are_due_at_the_baseline_every_n_steps_and_after_the_last():
 
 
 def test_the_progress_line_shows_the_round_before_the_step_and_a_line_for_the_last():
-    from vime.follow import format_progress
+    from vime.launcher.follow import format_progress
 
     m = {"step": 1, "reward_mean": 0.25, "eval/heldout/reward_mean": 0.62, "eval/heldout/pass@1": 0.62,
          "eval/heldout/pass@4": 0.9, "eval_seconds": 3.0}

@@ -1,7 +1,7 @@
 """Every flag vime's parser declares changes behaviour, and a test shows it, or is refused with its reason.
 
 A flag that parses and then does nothing is a trap: the user believes they configured something.
-So each declared flag (`vime.args.flag_fields()`) is in exactly one of these tables:
+So each declared flag (`vime.config.args.flag_fields()`) is in exactly one of these tables:
 
 - `test_flag_math.FLAGS`: the algorithm flags, each flipped through the real loss and advantages;
 - `EXERCISED`: the test (`file::function`) that runs the flag's effect; that test must exist
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_flag_math import FLAGS as MATH_FLAGS
-from vime.args import _option, flag_fields, parse_args
+from vime.config.args import _option, flag_fields, parse_args
 from vime.errors import ConfigError
 from vime.train.trainer import lr_lambda
 

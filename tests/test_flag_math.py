@@ -21,7 +21,7 @@ import math
 import pytest
 import torch
 
-from vime.args import VimeArgs, flag_fields, parse_args
+from vime.config.args import VimeArgs, flag_fields, parse_args
 from vime.train.advantages import AdvantageConfig, advantages_from_config
 from vime.train.batching import group_rollouts, pack, prepare_step
 from vime.train.losses import LossConfig, compute_loss, kl_divergence

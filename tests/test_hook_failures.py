@@ -26,7 +26,7 @@ from tests.conftest import engine_flags
 from tests.runs import TrainRun
 from tests.test_bad_input import one_line_error, write
 from tests.test_rollout_generate import FAKE_GENERATE, hook_module, make_args  # noqa: F401 - a fixture
-from vime.follow import format_progress
+from vime.launcher.follow import format_progress
 from vime.rollout import hook_calls
 from vime.rollout.group import run_group
 from vime.rollout.rewards import SampleRewardError, reward

@@ -23,9 +23,9 @@ from activities.train import LEASE_S, TrainerActivities
 from tests.readme import bash_script, readme_block
 from tests.runs import write_prompts
 from vime.engine.server import free_port
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.errors import ConfigError
-from vime.run_args import RunArgs
+from vime.config.run_args import RunArgs
 from vime.store import SampleStore
 
 REWARD_B = '''

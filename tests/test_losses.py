@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.errors import ConfigError
 from vime.train.losses import (
     LossConfig,

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from vime.args import parse_args
-from vime.precision import Precisions, precisions
+from vime.config.args import parse_args
+from vime.config.precision import Precisions, precisions
 
 TRAINING = ["--rollout-batch-size", "2", "--num-rollout", "3", "--n-samples-per-prompt", "2"]
 

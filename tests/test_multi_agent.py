@@ -29,7 +29,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.service import RPCError
 
 from tests.conftest import engine_flags
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.envs.base import EnvContext
 from vime.envs.multi_agent import roles, task
 from vime.envs.multi_agent.activities import start, turn_record, turn_sample

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.errors import ConfigError
-from vime.preflight import check_opd
+from vime.config.preflight import check_opd
 from vime.rollout.on_policy_distillation import response_log_probs, teacher_request, teacher_url
 from vime.store import SampleStore
 from vime.train.losses import LossConfig, compute_loss

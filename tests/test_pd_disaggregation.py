@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.engine.client import EngineClient
 from vime.engine.model_fleets import model_fleets
 from vime.engine.topology import topology_of

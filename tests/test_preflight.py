@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.errors import ConfigError
-from vime.preflight import check_checkpoint, check_prompt_data, preflight
+from vime.config.preflight import check_checkpoint, check_prompt_data, preflight
 
 
 def write_jsonl(path, records):

@@ -18,10 +18,10 @@ import pytest
 
 from vime.engine.weight_sync import live_weights
 from vime.errors import ConfigError, ServiceError
-from vime.follow import Follower
+from vime.launcher.follow import Follower
 from vime.procs import leftover_processes, spawn, stop_process_group
 from vime.rundir import RunDirLock
-from vime.supervisor import Supervisor, WorkerProcess
+from vime.launcher.supervisor import Supervisor, WorkerProcess
 
 
 def alive(pid: int) -> bool:

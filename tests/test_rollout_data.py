@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.errors import ConfigError
 from vime.rollout.data_source import PromptDataset, RolloutDataSource, make_data_source
 from vime.rollout.sampling import params_for_sample, sampling_params_from_args

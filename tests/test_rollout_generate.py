@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.errors import ConfigError
 from vime.rollout import vllm_rollout
 from vime.rollout.data_source import RolloutDataSource

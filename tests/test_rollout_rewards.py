@@ -9,7 +9,7 @@ import textwrap
 import pytest
 from aiohttp import web
 
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.errors import ConfigError, ServiceError
 from vime.rollout import rewards
 from vime.rollout.filters import DynamicFilterOutput, apply_dynamic_filter, check_reward_nonzero_std

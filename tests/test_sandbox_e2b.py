@@ -28,7 +28,7 @@ from vime.sandbox import (
     attach_sandbox,
     make_sandbox,
 )
-from vime.args import VimeArgs
+from vime.config.args import VimeArgs
 from vime.envs.coding_agent.sandbox_activities import SandboxActivities
 from vime.sandbox.e2b import BOOT_KEY_METADATA
 from vime.sandbox.git import capture_diff, init_base, restore_diff

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from vime.args import VimeArgs
+from vime.config.args import VimeArgs
 from vime.envs.coding_agent.sandbox_activities import SandboxActivities
 from examples.coding_agent_rl.tasks.prepare import load_tasks
 from tests.test_coding_tasks import edit_diff

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vime.args import VimeArgs, parse_args
+from vime.config.args import VimeArgs, parse_args
 from vime.envs.coding_agent.config import sandbox_options
 from vime.errors import ConfigError
 from vime.sandbox import BwrapSandbox, SandboxError

@@ -36,7 +36,7 @@ def seed_import(module: str, name: str, sentence: str):
 
 def seed_parse(argv: list[str], sentence: str):
     """vime's flags parsed as a user's command line, failing with the seed's sentence on refusal."""
-    from vime.args import parse_args
+    from vime.config.args import parse_args
     from vime.errors import ConfigError
 
     try:
@@ -157,7 +157,7 @@ def test_the_adapters_take_the_seeds_keywords():
 
 
 def test_the_hook_flags_reach_their_hooks():
-    from vime.args import parse_args
+    from vime.config.args import parse_args
     from vime.plugins import load_hook
 
     args = seed_parse([
@@ -185,7 +185,7 @@ def test_vllm_flags_are_forwarded_as_the_seed_spells_them():
 
 
 def test_router_policy_is_a_router_flag_with_cache_aware_by_default():
-    from vime.args import parse_args
+    from vime.config.args import parse_args
 
     assert parse_args([]).router_policy == "cache_aware", seed(
         "otherwise, vime uses the default cache_aware policy")

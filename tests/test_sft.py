@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.cli import main as vime_main
 from vime.errors import ConfigError
 from vime.train.sft import load_sft_samples, run_sft

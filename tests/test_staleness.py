@@ -81,8 +81,8 @@ def test_the_policy_module_does_not_import_temporal():
 
 def test_staleness_control_picks_whether_the_runs_async_pool_paces_new_groups(tmp_path):
     """From the command line to the pool the training workflow builds (no Temporal needed to build it)."""
-    from vime.args import parse_args
-    from vime.launch import training_config
+    from vime.config.args import parse_args
+    from vime.config.run_input import training_config
     from vime.temporal.training_contract import TrainingState
     from workflows.step_collection import StepCollection
 

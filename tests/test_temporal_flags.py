@@ -20,8 +20,9 @@ from activities.rollout import RolloutActivities
 from activities.steps import StepActivities
 from activities.train import TrainerActivities
 from tests.test_temporal import DoubleWorkflow, double
-from vime.args import parse_args
-from vime.launch import start_or_attach
+from vime.config.args import parse_args
+from vime.config.run_args import run_configs
+from vime.launcher.launch import start_or_attach
 from vime.store import SampleStore
 from vime.temporal.client import connect, temporal_service
 from vime.train.trainer_group import TrainerGroup
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.temporal
 
 async def test_temporal_namespace_is_where_the_run_s_dev_server_and_workers_keep_its_workflows(tmp_path):
     args = parse_args(["--run-dir", str(tmp_path / "run"), "--temporal-namespace", "vime-flags"])
-    # as `vime train` starts its embedded server (vime.launch.Launch._serve)
+    # as `vime train` starts its embedded server (vime.launcher.launch.Launch._serve)
     async with temporal_service(None, run_dir=args.run_dir, namespace=args.temporal_namespace, headless=True) as svc:
         worker_args = parse_args([*args.argv, "--temporal-address", svc.address])
         client = await connect_from_args(worker_args, "test", wait=10)
@@ -74,7 +75,7 @@ async def test_heartbeat_timeout_is_the_heartbeat_timeout_of_the_trainer_activit
     client = temporal_env.client
     with SampleStore.open(args.store_url) as store:
         rollout = RolloutActivities(args, store)
-        trainer = TrainerActivities(TrainerGroup(parse_args(["--store-url", args.store_url])), queue + "-own")
+        trainer = TrainerActivities(TrainerGroup(worker := parse_args(["--store-url", args.store_url]), run_configs(worker)), queue + "-own")
         async with (Worker(client, task_queue=queue, workflows=[TrainingWorkflow, RolloutWorkflow],
                            activities=[rollout.register_run, *StepActivities(store).all()]),
                     Worker(client, task_queue=args.trainer_task_queue, activities=[trainer.pick_trainer])):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.engine.client import GenerateOutput
 from vime.envs.base import EnvContext, GroupInput, GroupOutput
 from vime.envs.tool_use.activities import ToolUseActivities

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.rollout.data_source import RolloutDataSource
 from vime.rollout.group import run_group
 from vime.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint

@@ -13,12 +13,14 @@ from vime.store import SampleStore
 
 SCRIPT = """
 import json, sys
-from vime.args import parse_args
+from vime.config.args import parse_args
+from vime.config.run_args import run_configs
 from vime.train import distributed as dist_utils
 from vime.train.trainer_group import TrainerGroup
 
 argv, steps_path, out_path = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]
-group = TrainerGroup(parse_args(argv))
+args = parse_args(argv)
+group = TrainerGroup(args, run_configs(args))
 if dist_utils.rank() != 0:
     group.follow()
 else:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from vime.args import VimeArgs, parse_args
-from vime.launch import training_config
+from vime.config.args import VimeArgs, parse_args
+from vime.config.run_input import training_config
 from vime.temporal.training_contract import NO_FLAG, TrainingConfig
 
 DERIVED = {"over_sampling_batch_size", "save", "trainer_heartbeat_seconds", "rollout_heartbeat_seconds",

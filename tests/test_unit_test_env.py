@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import engine_flags
 from tests.envs.unit_tests import reward
 from tests.runs import TrainRun
-from vime.args import VimeArgs
+from vime.config.args import VimeArgs
 from vime.envs import load_environment, workflow_classes
 from vime.rollout.group import score_rollouts
 from vime.sandbox import OUTCOMES, run_program

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_args import error_of
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.engine.model_fleets import model_fleets
 from vime.engine.topology import topology_of
 
@@ -159,7 +159,7 @@ vllm:
 
 def test_vime_train_refuses_a_config_with_servers_the_user_runs_before_starting_anything(tmp_path, models):
     from vime.errors import ConfigError
-    from vime.preflight import check_serving
+    from vime.config.preflight import check_serving
 
     path = config(tmp_path, "vllm:\n  - name: actor\n    server_groups: [{worker_type: regular, num_gpus: 1}]\n")
     args = parse_args(["--hf-checkpoint", models["policy"], "--vllm-config", path, "--vllm-router-ip", "10.0.0.2",

@@ -1,6 +1,6 @@
 """`--vllm-*` flags are checked by vLLM's own parser, and a launch pays for building it only the
 first time an installed vLLM meets a value: the option table and each value's verdict are
-recorded per vLLM version (vime.vllm_options)."""
+recorded per vLLM version (vime.config.vllm_options)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from vime.vllm_options import OptionTable
+from vime.config.vllm_options import OptionTable
 
 
 def _server_parser() -> argparse.ArgumentParser:
@@ -110,7 +110,7 @@ def test_a_server_package_without_a_version_is_checked_without_a_record(tmp_path
 
 PROBE = """
 import json, sys
-from vime.args import parse_args
+from vime.config.args import parse_args
 args = parse_args(sys.argv[1:])
 print(json.dumps({"server_args": args.vllm_server_args, "vllm_imported": "vllm" in sys.modules}))
 """

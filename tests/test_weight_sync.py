@@ -24,7 +24,7 @@ import pytest
 import pytest_asyncio
 import torch
 
-from vime.args import VimeArgs
+from vime.config.args import VimeArgs
 from vime.engine.client import EngineClient
 from vime.engine.weight_sync import staging
 from vime.engine.weight_sync.staging import SyncReport

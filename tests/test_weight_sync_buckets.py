@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from activities.train import weight_sync_for
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.engine.weight_sync import delta as weight_delta
 from vime.engine.weight_sync.collective import SyncGroup
 from vime.engine.weight_sync.staging import StagedWeights

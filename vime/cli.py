@@ -1,6 +1,6 @@
 """The `vime` command: `vime <command> [flags]`.
 
-Every command parses the same flags (`vime.args`), so a flag means one thing everywhere.
+Every command parses the same flags (`vime.config.args`), so a flag means one thing everywhere.
 A `VimeError` ends the command with one line naming what to fix, and exit code 2.
 """
 
@@ -37,8 +37,8 @@ vLLM: every vLLM engine flag as --vllm-<flag>, router: every router flag as --ro
 
 
 def _smoke(argv: list[str]) -> int:
-    from vime.args import parse_args
-    from vime.smoke import main
+    from vime.config.args import parse_args
+    from vime.launcher.smoke import main
 
     return main(parse_args(argv))
 
@@ -46,34 +46,34 @@ def _smoke(argv: list[str]) -> int:
 def _train(argv: list[str]) -> int:
     """Every check first, then the launch: a mistake is on the console in a second or two, not
     after the launcher's imports (torch, vLLM, Temporal: 30-70 s on a loaded machine)."""
-    from vime.preflight import checked_args
+    from vime.config.preflight import checked_args
 
     args = checked_args(argv)
     from vime.log import configure_logging
 
     configure_logging()  # not before: structlog and rich are a third of the checks' CPU
-    from vime.launch import main
+    from vime.launcher.launch import main
 
     return main(args, checked=True)
 
 
 def _sft(argv: list[str]) -> int:
-    from vime.args import parse_args
+    from vime.config.args import parse_args
     from vime.train.sft import main
 
     return main(parse_args(argv))
 
 
 def _engine(argv: list[str]) -> int:
-    from vime.args import parse_args
+    from vime.config.args import parse_args
     from vime.engine.serve import main
 
     return main(parse_args([a for a in argv if a != "--print-command"]), argv)
 
 
 def _config(argv: list[str]) -> int:
-    from vime.args import parse_args
-    from vime.run_input import main
+    from vime.config.args import parse_args
+    from vime.config.run_input import main
 
     return main(parse_args(argv))
 
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         if argv:
-            from vime.args import build_parser
+            from vime.config.args import build_parser
 
             build_parser(vllm=True, router=True).print_help()
         return 0 if argv else 2

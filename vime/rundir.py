@@ -69,7 +69,7 @@ def holder(run_dir: str | Path) -> str | None:
     """The pid of the live process holding `run_dir`'s lock, else None; found without creating or
     writing anything, so a launch that is refused leaves the live run's directory as it was.
 
-    For checks before the launch takes the lock itself (`vime.preflight`): the lock may change
+    For checks before the launch takes the lock itself (`vime.config.preflight`): the lock may change
     hands meanwhile, and `RunDirLock` stays the authority."""
     try:
         fd = os.open(Path(run_dir) / LOCK_NAME, os.O_RDONLY)
@@ -86,7 +86,7 @@ def holder(run_dir: str | Path) -> str | None:
 
 def refuse_if_held(run_dir: str | Path) -> None:
     """The lock's one-line `ConfigError` when a live process holds `run_dir`: for whatever would
-    write into a run directory before the launch takes the lock (`vime.preflight`, the examples'
+    write into a run directory before the launch takes the lock (`vime.config.preflight`, the examples'
     prompt files), so that a refused launch leaves the live run's files as they were."""
     pid = holder(run_dir)
     if pid is not None:

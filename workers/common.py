@@ -25,7 +25,7 @@ from temporalio.worker import Worker
 
 from vime.errors import ConfigError, ServiceError, VimeError
 from vime.log import configure_logging, get_logger
-from vime.run_args import serves_own_run, stored_config
+from vime.config.run_args import serves_own_run, stored_config
 from vime.temporal.client import connect, ensure_search_attributes
 
 log = get_logger(__name__)

@@ -5,7 +5,7 @@ coding agent's sandbox queues) and the generate activities every run uses.
     python -m workers.rollout <vime flags> --temporal-address HOST:PORT    # one run's worker
     python -m workers.rollout --store-url URL --temporal-address HOST:PORT  # any run's (long-lived)
 
-Every activity reads its run's config by run id (`vime.run_args`; environments through
+Every activity reads its run's config by run id (`vime.config.run_args`; environments through
 `EnvContext.run_args`): the worker's own flags give its connections and queues. A worker started
 with a run's flags serves that run's environment; a long-lived one (connections only) serves the
 environments in vime (`LONG_LIVED_ENVS`: all four built-ins) and the one its `--rollout-env` names, so a coding-agent
@@ -23,13 +23,13 @@ from activities.metrics import MetricsActivities
 from activities.rollout import RolloutActivities
 from activities.steps import StepActivities
 from vime.agent.shared_adapter import close_shared_adapters
-from vime.args import parse_args_or_exit
+from vime.config.args import parse_args_or_exit
 from vime.envs import BUILTIN, EnvContext, Environment, load_environment, resolve, workflow_classes
 from vime.rollout.generate import close_engine_clients
 from vime.rollout.tokenization import get_tokenizer
 from vime.store import SampleStore
 from vime.temporal.build_id import code_build_id
-from vime.run_args import serves_own_run
+from vime.config.run_args import serves_own_run
 from workers.common import (announce, connect_from_args, ensure_run, run_until_signalled, run_worker,
                             setup_logging)
 from workflows.rollout import RolloutWorkflow

@@ -8,7 +8,7 @@ serves the trainer activities on a queue of its own, since the model state lives
 
 Started without a model (`--store-url URL --temporal-address HOST:PORT` only) it is long-lived:
 each run that picks it leases it, and attaching loads that run's model with that run's settings,
-read from the store by run id (`vime.run_args`).
+read from the store by run id (`vime.config.run_args`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import uuid
 from temporalio.worker import Worker
 
 from activities.train import TrainerActivities
-from vime.args import parse_args_or_exit
+from vime.config.args import parse_args_or_exit
+from vime.config.run_args import run_configs
 from vime.train import distributed as dist_utils
 from vime.train.trainer_group import TrainerGroup
 from vime.temporal.build_id import code_build_id
@@ -43,7 +44,7 @@ async def serve(args, group: TrainerGroup) -> None:
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args_or_exit(argv)
-    group = TrainerGroup(args)
+    group = TrainerGroup(args, run_configs(args))
     if dist_utils.rank() != 0:
         group.follow()
         return 0

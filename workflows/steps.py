@@ -12,7 +12,7 @@ REGISTER_RUN = "register_run"
 
 @dataclass
 class RunRegistration:
-    """A run's flags, recorded in the store when its training workflow starts (`vime.run_args`)."""
+    """A run's flags, recorded in the store when its training workflow starts (`vime.config.run_args`)."""
 
     run_id: str
     argv: list[str]

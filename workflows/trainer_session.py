@@ -4,7 +4,7 @@ train, sync and checkpoint on it, and release it at the run's end.
 A trainer is a process group with the model on its own task queue (`activities/train.py`), leased
 to one run at a time. The session survives losing it:
 
-- a timeout, `WorkerLost` (the launcher saw the worker die, `vime.recovery`) or a `trainer_lost`
+- a timeout, `WorkerLost` (the launcher saw the worker die, `vime.launcher.recovery`) or a `trainer_lost`
   signal abandons the pending call; the next live trainer is picked and attached: it loads the
   last checkpoint, replays the steps trained since from their manifests (each sample trained once
   more in the same step, on the same lineage) and pushes this policy to the servers again under

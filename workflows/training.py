@@ -19,7 +19,7 @@ counters, the checkpoint and recent metrics, never sample refs.
 
 Crash model:
 - a rollout worker dies → its activities are retried elsewhere (at once when the launcher saw
-  the death, `vime.recovery`; else on heartbeat timeout); the store write is idempotent;
+  the death, `vime.launcher.recovery`; else on heartbeat timeout); the store write is idempotent;
 - an engine dies → the groups it was generating fail as infrastructure failures and their
   activities retry until it is back (nothing stored, no prompt skipped, no short step);
 - the trainer dies → its activities time out (or fail with `WorkerLost`); the workflow picks

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.engine.server import VLLMServer
 from vime.types import Sample
 

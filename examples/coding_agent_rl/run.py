@@ -26,8 +26,8 @@ from examples.coding_agent_rl.gold_edits import write_prompts
 from examples.quickstart.run import pop_option, refuse_if_in_use
 from examples.coding_agent_rl.sft_traces import write_traces
 from examples.coding_agent_rl.tasks.prepare import load_tasks
-from vime.args import parse_args
-from vime.launch import run_to_end
+from vime.config.args import parse_args
+from vime.launcher.launch import run_to_end
 from vime.log import configure_logging
 from vime.temporal.dev_server import TemporalDevServer, temporal_cli_path
 from vime.train.sft import load_sft_samples, run_sft

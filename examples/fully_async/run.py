@@ -21,7 +21,7 @@ from pathlib import Path
 from examples.quickstart.run import default_flags, prepare, summarize
 from vime.errors import VimeError
 from vime.log import configure_logging
-from vime.preflight import checked_args
+from vime.config.preflight import checked_args
 
 ASYNC_FLAGS = ["--fully-async", "--max-staleness", "1", "--max-concurrent-rollouts", "8", "--use-tis"]
 
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     resume = shlex.join([sys.executable, "-m", "examples.fully_async.run", *argv,
                          *([] if "--run-dir" in argv else ["--run-dir", str(run_dir)])])
-    from vime.launch import run_to_end  # after the checks: torch, vLLM and Temporal load here
+    from vime.launcher.launch import run_to_end  # after the checks: torch, vLLM and Temporal load here
 
     code, state = run_to_end(args, resume, checked=True)
     if state is None:

@@ -20,10 +20,10 @@ from pathlib import Path
 
 from examples.quickstart.plot import plot_curves
 from examples.quickstart.run import refuse_if_in_use
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.envs.multi_agent.task import ROLES
 from vime.errors import VimeError
-from vime.launch import run_to_end
+from vime.launcher.launch import run_to_end
 from vime.log import configure_logging
 from vime.store import SampleStore
 

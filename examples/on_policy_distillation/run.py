@@ -30,9 +30,9 @@ from examples.on_policy_distillation.heldout import HELDOUT_PROMPTS, HeldoutKL
 from examples.on_policy_distillation.teacher import TEACHER_PROMPTS, student_dir, teacher_dir
 from examples.quickstart.plot import plot_curve
 from examples.quickstart.run import refuse_if_in_use
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.errors import VimeError
-from vime.launch import run_to_end
+from vime.launcher.launch import run_to_end
 from vime.log import configure_logging
 
 TRAIN_PROMPTS = TEACHER_PROMPTS[:8]

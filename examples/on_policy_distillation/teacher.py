@@ -103,7 +103,7 @@ def finetuned_dir(base_model: str | Path, style: str) -> Path:
 
 
 def _build(base: Path, final: Path, style: str) -> None:
-    from vime.args import parse_args
+    from vime.config.args import parse_args
     from vime.train.sft import run_sft
 
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))

@@ -19,7 +19,7 @@ from pathlib import Path
 from examples.quickstart.plot import plot_curve
 from vime.errors import VimeError
 from vime.log import configure_logging
-from vime.preflight import checked_args
+from vime.config.preflight import checked_args
 from vime.rundir import refuse_if_held
 
 PROMPTS = ["Write a title.", "Name a city.", "Say something.", "Describe the sea.", "Give a command.",
@@ -66,7 +66,7 @@ def pop_option(argv: list[str], flag: str, default: str, kind: type = str):
 
 def refuse_if_in_use(run_dir: Path, name: str) -> None:
     """Exit 2 with the run directory lock's one line when a live launch holds `run_dir`: an example
-    writes its prompts (and more) there before `vime.launch` takes the lock, and must not rewrite
+    writes its prompts (and more) there before `vime.launcher.launch` takes the lock, and must not rewrite
     the files of the run that is going on."""
     try:
         refuse_if_held(run_dir)
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     t0 = time.monotonic()
     resume = shlex.join(["scripts/quickstart.sh", *argv, *([] if "--run-dir" in argv else ["--run-dir", str(run_dir)])])
-    from vime.launch import run_to_end  # after the checks: torch, vLLM and Temporal load here
+    from vime.launcher.launch import run_to_end  # after the checks: torch, vLLM and Temporal load here
 
     code, state = run_to_end(args, resume, checked=True)
     if state is None:

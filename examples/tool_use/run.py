@@ -18,10 +18,10 @@ from pathlib import Path
 from examples.quickstart.plot import plot_curves
 from examples.quickstart.run import pop_option, refuse_if_in_use, summarize
 from examples.tool_use.sft_traces import write_traces
-from vime.args import parse_args
+from vime.config.args import parse_args
 from vime.envs.tool_use.task import problems, write_prompts
 from vime.errors import VimeError
-from vime.launch import run_to_end
+from vime.launcher.launch import run_to_end
 from vime.log import configure_logging
 from vime.train.sft import load_sft_samples, run_sft
 

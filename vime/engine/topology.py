@@ -12,7 +12,7 @@
         server_groups:               # args.vllm_model_routers["reward"]
           - {worker_type: regular, num_gpus: 1}
 
-Parsed once, when the flags are (`vime.args_resolve`), so a bad file fails before anything
+Parsed once, when the flags are (`vime.config.resolve`), so a bad file fails before anything
 starts with a line that names the key path (`vllm[1].server_groups[0].num_gpus`). Without
 `--vllm-config` the topology is one model, `actor`, on `--vllm-num-servers` regular servers:
 every launch goes through the same `Topology`.
@@ -257,7 +257,7 @@ def override_flags(overrides: dict, path: str, fail, *, check: bool = True) -> l
 
 
 def _check_value(option, raw: list[str], key_path: str, fail) -> None:
-    from vime.args_forward import vllm_option_table
+    from vime.config.forward import vllm_option_table
 
     if option.nargs == 0:
         raise fail(key_path, f"{option.option_strings[0]} takes no value: write true or false")
@@ -270,8 +270,8 @@ def _check_value(option, raw: list[str], key_path: str, fail) -> None:
 
 
 def _vllm_options() -> dict:
-    """vLLM `serve`'s options by option string (recorded per vLLM version: vime.vllm_options)."""
-    from vime.args_forward import vllm_option_table
+    """vLLM `serve`'s options by option string (recorded per vLLM version: vime.config.vllm_options)."""
+    from vime.config.forward import vllm_option_table
 
     try:
         options = vllm_option_table().options()

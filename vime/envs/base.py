@@ -53,7 +53,7 @@ class EnvContext:
     args: Any  # the worker's VimeArgs (its store, Temporal address, task queues)
     store: Any  # the worker's SampleStore
     client: Any  # the Temporal client (for extra workers on the environment's own queues)
-    runs: Any = None  # vime.run_args.RunArgs: each run's config by run id (None: the worker's flags are the run's)
+    runs: Any = None  # vime.config.run_args.RunArgs: each run's config by run id (None: the worker's flags are the run's)
 
     async def run_args(self, run_id: str) -> Any:
         """Run `run_id`'s `VimeArgs`, as its workflow recorded them (cached per worker until they

@@ -32,7 +32,7 @@ from vime.plugins import load_function
 from vime.rundir import RunDirLock
 from vime.store import SampleStore
 from vime.store.models import RunRow
-from vime.supervisor import WorkerProcess, running, while_alive
+from vime.launcher.supervisor import WorkerProcess, running, while_alive
 from vime.temporal.client import connect
 from vime.temporal.dev_server import TemporalDevServer
 from vime.temporal.rescore import RESCORE_TASK_QUEUE, RESCORE_WORKFLOW, RescoreInput, RescoreOutput

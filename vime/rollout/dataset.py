@@ -9,7 +9,7 @@ record found hours into a run costs the run.
 A path may end in `@[start:end]` to take a slice of the records (slime's generalized path).
 
 `check_prompt_file` runs the same per-record checks on every record, streamed, so `vime train` can
-refuse a bad file before it starts any service (see `vime.preflight`); it names the first bad lines
+refuse a bad file before it starts any service (see `vime.config.preflight`); it names the first bad lines
 and how many there are, so one pass over the file shows the whole problem.
 """
 

@@ -11,7 +11,7 @@ and returns its reward: GRPO on the task and distillation then add up.
 The teacher is a frozen model: `args.vllm_model_routers["teacher"]` (a model named `teacher` with
 `update_weights: false` in `--vllm-config`, or `--vllm-model-urls teacher=URL`), else `--rm-url`
 (where slime scripts point at the teacher). It reads the student's token ids, so it must share the
-student's tokenizer (`vime.preflight.check_opd` compares them before anything starts).
+student's tokenizer (`vime.config.preflight.check_opd` compares them before anything starts).
 
 One request per sample, token ids in: vLLM's `/inference/v1/generate` with `prompt_logprobs: 0`
 scores every token of prompt + response in one prefill (the one token it then generates is

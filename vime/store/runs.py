@@ -41,7 +41,7 @@ class RunsApi(StoreBase):
         """Record the flags run `run_id` was (re)started with (and the config parsed from them),
         creating the run if it is new.
 
-        Workers that serve many runs build a run's config from the flags (`vime.run_args`); a run
+        Workers that serve many runs build a run's config from the flags (`vime.config.run_args`); a run
         restarted with other flags (another engine address, more steps) replaces them.
         """
         run_id = q.check_run_id(run_id)

@@ -23,5 +23,5 @@ class FromFlags:
         if missing:
             flags = ", ".join("--" + n.replace("_", "-") for n in missing)
             raise AttributeError(f"{cls.__name__}.from_args: args has no {', '.join(missing)} ({flags}); "
-                                 "build args with vime.args.parse_args, or rename the field with its flag")
+                                 "build args with vime.config.args.parse_args, or rename the field with its flag")
         return cls(**{n: getattr(args, n) for n in names})

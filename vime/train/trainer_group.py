@@ -8,12 +8,12 @@ the store itself, so no token data crosses the broadcast.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from vime.errors import ConfigError
 from vime.log import get_logger
 from vime.rollout.policy_check import stale_report
-from vime.run_args import RunArgs, serves_own_run
 from vime.store import SampleStore
 from vime.train import distributed as dist_utils
 from vime.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
@@ -52,12 +52,14 @@ class NotAttached(RuntimeError):
 class TrainerGroup:
     """The trainer state of this rank and the commands that change it (collective)."""
 
-    def __init__(self, args: Any) -> None:
+    def __init__(self, args: Any, runs: Callable[[SampleStore], Any]) -> None:
+        """`args`: the worker's config; `runs(store)` gives what reads each run's config by run id
+        (`vime.config.run_args.RunArgs`: the worker passes it in, the trainer does not parse flags)."""
         self.args = args
         self.store = SampleStore.open(args.store_url)
-        self.runs = RunArgs(args, self.store.run_argv)
-        # A trainer started with a run's flags loads its model now; a long-lived one, on attach.
-        self.trainer: Trainer | None = Trainer(args) if serves_own_run(args) else None
+        self.runs = runs(self.store)
+        # A trainer started with a run's flags (a model) loads it now; a long-lived one, on attach.
+        self.trainer: Trainer | None = Trainer(args) if args.hf_checkpoint else None
         self.run_id: str | None = None
         self.results: dict[int, StepResult] = {}
 

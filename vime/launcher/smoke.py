@@ -17,7 +17,7 @@ from pathlib import Path
 
 from vime.engine.server import VLLMServer
 from vime.log import get_logger
-from vime.supervisor import WorkerProcess, running, while_alive
+from vime.launcher.supervisor import WorkerProcess, running, while_alive
 from vime.temporal.client import temporal_service
 from vime.temporal.smoke import SMOKE_WORKFLOW, SmokeInput, SmokeResult
 

@@ -2,7 +2,7 @@
 every vllm-router flag as `--router-<flag>`, generated from the servers' own parsers so their
 types and choices are checked at parse time, and passed on as the user typed them.
 
-`vime.args` adds them to vime's parser only when argv uses the prefix (building vLLM's parser
+`vime.config.args` adds them to vime's parser only when argv uses the prefix (building vLLM's parser
 imports vLLM: seconds).
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vime.errors import ConfigError
-from vime.vllm_options import OptionTable, ServerOption, installed_source, raw_checker
+from vime.config.vllm_options import OptionTable, ServerOption, installed_source, raw_checker
 
 _FALLBACK_ROUTER_POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "consistent_hash")
 
@@ -76,7 +76,7 @@ def router_actions() -> tuple[argparse.Action, ...]:
 
 def vllm_option_table() -> OptionTable:
     """The installed vLLM's `serve` options, from the record of an earlier build when there is one
-    (vime.vllm_options); raises ImportError, saying why, when vLLM cannot be imported."""
+    (vime.config.vllm_options); raises ImportError, saying why, when vLLM cannot be imported."""
     return _table_for(VLLM_PARSER_SOURCES)
 
 

@@ -1,6 +1,6 @@
 """Defaults that depend on other flags, and the checks across flags, run once by `parse_args`.
 
-Kept apart from `vime.args` (which declares and parses the flags) so each stays one job; every
+Kept apart from `vime.config.args` (which declares and parses the flags) so each stays one job; every
 error names the flags involved and what would work.
 """
 
@@ -121,7 +121,7 @@ def resolve(args: Any) -> None:
         from vime.engine.vllm_config import read_vllm_config
 
         args.vllm_config_data = read_vllm_config(args.vllm_config)
-        from vime.args_forward import CHECKED_ENV
+        from vime.config.forward import CHECKED_ENV
         from vime.engine.topology import topology_of
 
         topology = topology_of(args, check_overrides=os.environ.get(CHECKED_ENV) != "1")  # a bad file fails here

@@ -19,8 +19,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from vime.args import VimeArgs
-from vime.args_resolve import HOOK_FLAGS
+from vime.config.args import VimeArgs
+from vime.config.resolve import HOOK_FLAGS
 from vime.errors import ConfigError
 from vime.rollout.dataset import check_prompt_file
 
@@ -37,8 +37,8 @@ def _flag(dest: str) -> str:
 def checked_args(argv: list[str]) -> VimeArgs:
     """`vime train`'s flags parsed and checked in the order that shows a mistake soonest: vime's own
     flags, then `preflight`, then the `--vllm-*` flags (vLLM's parser imports vLLM). Pass the result
-    to `vime.launch.run_to_end(..., checked=True)`, imported after this returns."""
-    from vime.args import check_vllm_flags, parse_args
+    to `vime.launcher.launch.run_to_end(..., checked=True)`, imported after this returns."""
+    from vime.config.args import check_vllm_flags, parse_args
 
     args = parse_args(argv, vllm_flags=False)
     preflight(args)

@@ -9,7 +9,7 @@
   for the console since (a hook a step has waited on for long).
 
 Workers are watched apart from that loop: the supervisor says the moment a worker process exits,
-and its death is handled then: restarted, printed, and reported to Temporal (`vime.recovery`), so
+and its death is handled then: restarted, printed, and reported to Temporal (`vime.launcher.recovery`), so
 its work is retried now rather than after a heartbeat timeout.
 
 Failures that restarting cannot fix (a server dying again and again, a worker that stops on a
@@ -30,8 +30,8 @@ from temporalio.service import RPCError
 
 from vime.errors import ConfigError
 from vime.log import get_logger
-from vime.recovery import recover_from_worker_death
-from vime.supervisor import Supervisor
+from vime.launcher.recovery import recover_from_worker_death
+from vime.launcher.supervisor import Supervisor
 from vime.temporal.training_contract import PROGRESS_QUERY, TRAINER_LOST_SIGNAL, TrainingState, failure_message
 
 log = get_logger(__name__)

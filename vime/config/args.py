@@ -9,7 +9,7 @@ Three kinds of flags share one command line:
   server CLI tokens, spelled as the user spelled their values;
 - `--router-<flag>`: every vllm-router flag, generated the same way, forwarded in `args.router_args`.
 
-The fields themselves (`VimeArgs`, `flag_fields`) are declared in `vime.flags`.
+The fields themselves (`VimeArgs`, `flag_fields`) are declared in `vime.config.flags`.
 
 Importing vLLM takes seconds, so the generated `--vllm-*` flags are only built when the command
 line uses one, and at most once per process.
@@ -27,13 +27,13 @@ import sys
 import typing
 from typing import Any, NoReturn
 
-from vime import args_forward as forward
-from vime.args_resolve import resolve, trains_on_rollouts
-from vime.precision import resolve_precision
+from vime.config import forward
+from vime.config.resolve import resolve, trains_on_rollouts
+from vime.config.precision import resolve_precision
 from vime.envs import BUILTIN, LEGACY_WORKFLOWS, Environment, load_environment
 from vime.envs import resolve as resolve_env
 from vime.errors import ConfigError
-from vime.flags import GROUPS, VimeArgs, _option, flag_fields
+from vime.config.flags import GROUPS, VimeArgs, _option, flag_fields
 from vime.plugins import _add_cwd_to_path
 
 class _Parser(argparse.ArgumentParser):

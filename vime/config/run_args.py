@@ -19,9 +19,9 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from vime.args import VimeArgs, parse_args
+from vime.config.args import VimeArgs, parse_args
 from vime.errors import ConfigError
-from vime.preflight import preflight
+from vime.config.preflight import preflight
 
 WORKER_FLAGS = {"store_url": "--store-url", "temporal_address": "--temporal-address",
                 "temporal_namespace": "--temporal-namespace", "rollout_task_queue": "--rollout-task-queue",
@@ -119,3 +119,9 @@ class RunArgs:
         with self._lock:
             self._derived[(run_id, name)] = (args, value)
         return value
+
+
+def run_configs(worker_args: VimeArgs) -> Callable[[Any], RunArgs]:
+    """For `TrainerGroup(args, run_configs(args))`: each run's config read by run id from the store
+    the group opens (the trainer, below this layer, never parses flags itself)."""
+    return lambda store: RunArgs(worker_args, store.run_argv)

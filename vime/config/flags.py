@@ -1,5 +1,5 @@
 """Every flag vime declares, as the fields of one typed dataclass, `VimeArgs`: the field is the
-flag, its type, default, help and group (`vime.args` builds the parser from them and parses).
+flag, its type, default, help and group (`vime.config.args` builds the parser from them and parses).
 
 Why a dataclass rather than a Namespace: hooks written for slime read `args.rollout_max_response_len`
 and sometimes set attributes of their own, so `VimeArgs` keeps attribute access and takes new
@@ -327,7 +327,7 @@ class VimeArgs:
     router_args: list[str] = field(default_factory=list)
     vllm_config_data: dict | None = None
     vllm_model_routers: dict[str, str] = field(default_factory=dict)  # model name -> URL (its router or server)
-    tis_because: str = ""  # why --use-tis was turned on by default (vime.precision), for the console
+    tis_because: str = ""  # why --use-tis was turned on by default (vime.config.precision), for the console
     low_precision_rollouts: bool = False  # the policy servers sample in another precision than the trainer
     env_args: Any = None  # the environment's own flags (its Environment.flags dataclass), or None
     argv: list[str] = field(default_factory=list)

@@ -10,7 +10,7 @@ launcher does not find out on its next look, which a query to a workflow whose w
 held for ~30 s (issue 21).
 
 Each start of a worker gets its own Temporal identity (`VIME_WORKER_IDENTITY`), so when one dies
-the launcher can tell Temporal at once which activities were lost (`vime.recovery`), instead of
+the launcher can tell Temporal at once which activities were lost (`vime.launcher.recovery`), instead of
 waiting for their heartbeat timeouts.
 
 Restarting is for crashes, not for mistakes: a worker that exits with code 2 (a configuration

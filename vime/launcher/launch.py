@@ -7,10 +7,10 @@ is already running, followed; if it failed, started again from the last checkpoi
 progress printed until it finishes.
 
 Durable to the edges:
-- everything is checked before anything starts (`vime.preflight`);
+- everything is checked before anything starts (`vime.config.preflight`);
 - one launcher per run directory (`vime.rundir`), which first stops whatever an earlier launch
   left running; every child dies with the launcher, even on SIGKILL (`vime.procguard`);
-- every part started here is supervised while the run goes (`vime.follow`): Temporal restarts on
+- every part started here is supervised while the run goes (`vime.launcher.follow`): Temporal restarts on
   the same port and file, a vLLM server on the same address with the current weights, a worker
   with Temporal told at once;
 - nothing that changes between launches (ports) is frozen in the workflow's input: workers get
@@ -36,26 +36,24 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
 from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
-from vime.args_forward import CHECKED_ENV
-from vime.args_resolve import DEFAULT_ROLLOUT_FUNCTION
+from vime.config.forward import CHECKED_ENV
 from vime.engine.weight_sync import live_weights
 from vime.engine.model_fleets import ModelFleets, model_fleets
 from vime.engine.topology import topology_of
-from vime.envs import load_environment
 from vime.errors import VimeError
-from vime.follow import Follower
+from vime.config.run_input import initial_state, training_config
+from vime.launcher.follow import Follower
 from vime.log import get_logger
-from vime.preflight import preflight
+from vime.config.preflight import preflight
 from vime.procs import ask_all_to_stop
-from vime.run_args import stored_config
+from vime.config.run_args import stored_config
 from vime.rundir import RunDirLock, remove_launch_info, write_launch_info
 from vime.store import SampleStore
-from vime.recovery import recover_from_earlier_launch
-from vime.supervisor import LAUNCH_ID, Supervisor, WorkerProcess
+from vime.launcher.recovery import recover_from_earlier_launch
+from vime.launcher.supervisor import LAUNCH_ID, Supervisor, WorkerProcess
 from vime.temporal.client import temporal_service
-from vime.train.checkpoint import latest_checkpoint, read_state
-from vime.temporal.training_contract import (TRAINER_LOST_SIGNAL, TRAINING_WORKFLOW, TrainingConfig, TrainingInput,
-                                             TrainingState, failure_message, training_config_from)
+from vime.temporal.training_contract import (TRAINER_LOST_SIGNAL, TRAINING_WORKFLOW, TrainingInput, TrainingState,
+                                             failure_message)
 
 log = get_logger(__name__)
 
@@ -99,30 +97,6 @@ def engines(args, run_dir: Path) -> Iterator[ModelFleets | ExternalEngines]:
         yield fleets
     finally:
         fleets.__exit__()
-
-
-def initial_state(args) -> TrainingState:
-    """Step 0, or the state of the newest checkpoint under --load."""
-    path = latest_checkpoint(args.load)
-    if path is None:
-        return TrainingState()
-    state = read_state(path)
-    print(f"[vime] resuming from {path} (step {state['step']})", flush=True)
-    return TrainingState(step=state["step"], data_position=state["data_position"],
-                         weight_version=state["weight_version"], checkpoint_step=state["step"], checkpoint=str(path))
-
-
-def training_config(args) -> TrainingConfig:
-    """`TrainingConfig` from the parsed flags: the fields named like a flag by name, these by hand."""
-    return training_config_from(
-        vars(args), over_sampling_batch_size=args.over_sampling_batch_size or args.rollout_batch_size,
-        save=str(Path(args.save).resolve()) if args.save else None,
-        trainer_heartbeat_seconds=args.heartbeat_timeout, rollout_heartbeat_seconds=args.heartbeat_timeout,
-        custom_rollout_function=args.rollout_function_path != DEFAULT_ROLLOUT_FUNCTION,
-        rollout_workflow=load_environment(args.rollout_env).group_workflow,
-        max_concurrent_rollouts=args.max_concurrent_rollouts or 0, run_argv=list(args.argv),
-        eval_interval=args.eval_interval or 0,
-        eval_by_function=(args.eval_function_path or args.rollout_function_path) != DEFAULT_ROLLOUT_FUNCTION)
 
 
 _ENDED = {WorkflowExecutionStatus.FAILED: "failed", WorkflowExecutionStatus.TERMINATED: "was terminated",

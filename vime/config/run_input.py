@@ -1,0 +1,69 @@
+"""`vime config [flags]`: the training workflow's whole input for a run, as one JSON document.
+
+`temporal workflow start --type TrainingWorkflow --input-file run.json` and the Web UI's Start
+Workflow form take it as it is, so a run started by hand gets exactly the numbers `vime train`
+would give it (the group size, the batch sizes, the queues), not a hand-written subset.
+
+The JSON is what Temporal's default data converter makes of `TrainingInput`, so the workflow
+reads it back as the same dataclass. Nothing else goes to stdout: `vime config ... > run.json`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+
+from temporalio.converter import default as default_converter
+
+from vime.config.resolve import DEFAULT_ROLLOUT_FUNCTION
+from vime.envs import load_environment
+from vime.temporal.training_contract import (TrainingConfig, TrainingInput, TrainingState,
+                                             training_config_from)
+from vime.train.checkpoint import latest_checkpoint, read_state
+
+
+def initial_state(args) -> TrainingState:
+    """Step 0, or the state of the newest checkpoint under --load."""
+    path = latest_checkpoint(args.load)
+    if path is None:
+        return TrainingState()
+    state = read_state(path)
+    print(f"[vime] resuming from {path} (step {state['step']})", flush=True)
+    return TrainingState(step=state["step"], data_position=state["data_position"],
+                         weight_version=state["weight_version"], checkpoint_step=state["step"], checkpoint=str(path))
+
+
+def training_config(args) -> TrainingConfig:
+    """`TrainingConfig` from the parsed flags: the fields named like a flag by name, these by hand."""
+    return training_config_from(
+        vars(args), over_sampling_batch_size=args.over_sampling_batch_size or args.rollout_batch_size,
+        save=str(Path(args.save).resolve()) if args.save else None,
+        trainer_heartbeat_seconds=args.heartbeat_timeout, rollout_heartbeat_seconds=args.heartbeat_timeout,
+        custom_rollout_function=args.rollout_function_path != DEFAULT_ROLLOUT_FUNCTION,
+        rollout_workflow=load_environment(args.rollout_env).group_workflow,
+        max_concurrent_rollouts=args.max_concurrent_rollouts or 0, run_argv=list(args.argv),
+        eval_interval=args.eval_interval or 0,
+        eval_by_function=(args.eval_function_path or args.rollout_function_path) != DEFAULT_ROLLOUT_FUNCTION)
+
+
+def workflow_input(args) -> TrainingInput:
+    with contextlib.redirect_stdout(sys.stderr):  # "resuming from <checkpoint>" is a note, not the JSON
+        return TrainingInput(training_config(args), initial_state(args))
+
+
+def to_json(value: TrainingInput) -> str:
+    (payload,) = default_converter().payload_converter.to_payloads([value])
+    return json.dumps(json.loads(payload.data), indent=1)
+
+
+def from_json(text: str) -> TrainingInput:
+    """The input a workflow started with `text` receives (what Temporal's converter decodes)."""
+    (payload,) = default_converter().payload_converter.to_payloads([json.loads(text)])
+    return default_converter().payload_converter.from_payloads([payload], [TrainingInput])[0]
+
+
+def main(args) -> int:
+    print(to_json(workflow_input(args)))
+    return 0
