@@ -38,7 +38,7 @@ import traceback
 from typing import Any
 
 from vime.envs.base import EnvContext, Environment, EnvWorkers, env_flag
-from vime.envs.contract import GroupInput, GroupOutput, summarize
+from vime.envs.contract import GroupInput, GroupOutput, SampleInput, summarize
 from vime.errors import ConfigError
 from vime.plugins import _import, load_function
 

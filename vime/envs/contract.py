@@ -8,10 +8,10 @@ Standard library and `vime.types` only: workflows import this module.
 from __future__ import annotations
 
 from vime.sample_summary import failure_of, preview as preview_text
-from vime.temporal.group_contract import GroupInput, GroupOutput
+from vime.temporal.group_contract import GroupInput, GroupOutput, SampleInput
 from vime.types import Sample
 
-__all__ = ["GroupInput", "GroupOutput", "hook_failures", "summarize"]
+__all__ = ["GroupInput", "GroupOutput", "SampleInput", "hook_failures", "summarize"]
 
 PREVIEW_SAMPLES, PREVIEW_PROMPT_CHARS, PREVIEW_RESPONSE_CHARS = 16, 160, 320
 

@@ -31,6 +31,25 @@ class GroupInput:
 
 
 @dataclass
+class SampleInput:
+    """One sample of a group, as a fanned-out group hands it to its per-sample workflow or
+    activity (`SampleInput.of(group, i)`); an environment adds fields of its own by subclassing."""
+
+    run_id: str
+    step: int
+    position: int  # the data source's prompt position (the group)
+    index: int  # which sample of the group
+    weight_version: int
+    heartbeat_seconds: float = 60.0
+
+    @classmethod
+    def of(cls, group: GroupInput, index: int, **extra):
+        """Sample `index` of `group`, with the subclass's own fields in `extra`."""
+        return cls(group.run_id, group.step, group.position, index, group.weight_version,
+                   heartbeat_seconds=group.heartbeat_seconds, **extra)
+
+
+@dataclass
 class GroupOutput:
     """A finished group as the training workflow sees it: its rollout ids and a summary."""
 

@@ -37,7 +37,7 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError, TimeoutType, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
-    from vime.envs.contract import GroupInput, GroupOutput
+    from vime.envs.contract import GroupInput, GroupOutput, SampleInput
     from vime.envs.group_workflow import fan_out_children, finish_group, sample_workflow_id
     from vime.temporal.search_attributes import (FAILURE_CLASS, POLICY_VERSION, REWARD, ROLLOUT_ID,
                                                  ROLLOUT_STATUS, RUN_ID)
@@ -58,13 +58,9 @@ MAX_SANDBOX_BOOTS = 3
 
 
 @dataclass
-class AgentRolloutInput:
-    run_id: str
-    step: int
-    position: int  # the data source's prompt position (the group)
-    index: int  # which sample of the group
-    weight_version: int
-    heartbeat_seconds: float = 60.0
+class AgentRolloutInput(SampleInput):
+    """One agent rollout: the sample, and where and how hard its sandbox and session are tried."""
+
     sandbox_task_queue: str = "vime-sandbox"
     session_attempts: int = 5  # tries of the agent session before the rollout is an infra failure
     # how long an activity may wait on the booting host's queue before the host counts as gone
@@ -378,9 +374,7 @@ class CodingAgentGroupWorkflow:
     async def run(self, inp: GroupInput) -> GroupOutput:
         outs = await fan_out_children(
             inp, CodingAgentRolloutWorkflow.run,
-            lambda i: AgentRolloutInput(inp.run_id, inp.step, inp.position, i, inp.weight_version,
-                                        heartbeat_seconds=inp.heartbeat_seconds,
-                                        sandbox_task_queue=inp.sandbox_task_queue), "agent")
+            lambda i: AgentRolloutInput.of(inp, i, sandbox_task_queue=inp.sandbox_task_queue), "agent")
         return finish_group(summarize_agent_group(inp.position, outs))  # it started "running"
 
 

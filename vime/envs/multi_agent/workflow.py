@@ -23,7 +23,7 @@ from datetime import timedelta
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from vime.envs import GroupInput, GroupOutput
+    from vime.envs import GroupInput, GroupOutput, SampleInput
     from vime.envs.group_workflow import fan_out_children, finish_group
     from vime.temporal.retry import rollout_retry_policy
     from vime.temporal.search_attributes import POLICY_VERSION, REWARD, ROLLOUT_ID, ROLLOUT_STATUS, RUN_ID
@@ -37,13 +37,8 @@ ROLE_ACTIVITIES = {"solver": SOLVERS, "rewriter": REWRITER, "selector": SELECTOR
 
 
 @dataclass
-class MultiAgentRolloutInput:
-    run_id: str
-    step: int
-    position: int  # the data source's prompt position (the group)
-    index: int  # which sample of the group
-    weight_version: int
-    heartbeat_seconds: float = 60.0
+class MultiAgentRolloutInput(SampleInput):
+    """One rollout of the group: the sample's fields are all it needs."""
 
 
 @dataclass
@@ -114,8 +109,7 @@ class MultiAgentGroupWorkflow:
     async def run(self, inp: GroupInput) -> GroupOutput:
         outs = await fan_out_children(
             inp, MultiAgentRolloutWorkflow.run,
-            lambda i: MultiAgentRolloutInput(inp.run_id, inp.step, inp.position, i, inp.weight_version,
-                                             heartbeat_seconds=inp.heartbeat_seconds), "multi-agent")
+            lambda i: MultiAgentRolloutInput.of(inp, i), "multi-agent")
         return finish_group(summarize_group(inp.position, outs))
 
 
