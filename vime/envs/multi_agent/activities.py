@@ -94,31 +94,29 @@ class MultiAgentActivities:
             done = {s.metadata["turn"]: s for s in turns}
         return self._output("solver", base, [done[t] for t in range(k)])
 
+    async def _one_turn(self, inp: MultiAgentRolloutInput, role: str, after_solvers: int, sample) -> RoleOutput:
+        """A role of one turn, `after_solvers` turns after the K solvers' (the rewriter 0, the
+        selector 1): `sample(args, base, params, solutions, stored)` once, stored; a retry reads it back."""
+        args, base, params = await self._base(inp)
+        k = multi_agent_flags(args).num_solvers
+        stored, turn = await self._stored(inp, base), k + after_solvers
+        if turn not in stored:
+            async with heartbeating():
+                stored[turn] = await sample(args, base, params, [stored[t] for t in range(k)], stored)
+            await self._save(inp, base, [stored[turn]])
+        return self._output(role, base, [stored[turn]])
+
     @activity.defn(name=REWRITER)
     @final_config_errors
     async def rewriter(self, inp: MultiAgentRolloutInput) -> RoleOutput:
-        args, base, params = await self._base(inp)
-        k = multi_agent_flags(args).num_solvers
-        stored = await self._stored(inp, base)
-        if k not in stored:
-            async with heartbeating():
-                stored[k] = await roles.rewriter(args, base, params, [stored[t] for t in range(k)],
-                                                 score=self.score)
-            await self._save(inp, base, [stored[k]])
-        return self._output("rewriter", base, [stored[k]])
+        return await self._one_turn(inp, "rewriter", 0, lambda args, base, params, solutions, _: roles.rewriter(
+            args, base, params, solutions, score=self.score))
 
     @activity.defn(name=SELECTOR)
     @final_config_errors
     async def selector(self, inp: MultiAgentRolloutInput) -> RoleOutput:
-        args, base, params = await self._base(inp)
-        k = multi_agent_flags(args).num_solvers
-        stored = await self._stored(inp, base)
-        if k + 1 not in stored:
-            async with heartbeating():
-                stored[k + 1] = await roles.selector(args, base, params, [stored[t] for t in range(k)],
-                                                     stored[k])
-            await self._save(inp, base, [stored[k + 1]])
-        return self._output("selector", base, [stored[k + 1]])
+        return await self._one_turn(inp, "selector", 1, lambda args, base, params, solutions, stored: roles.selector(
+            args, base, params, solutions, stored[len(solutions)]))  # the rewriter's turn
 
     @activity.defn(name=STORE)
     @final_config_errors
