@@ -260,7 +260,7 @@ def test_an_environment_s_activities_read_the_run_s_config_and_a_long_lived_work
     args = asyncio.run(ctx.run_args("exp"))
     assert (args.hf_checkpoint, args.env_args.agent_max_turns) == ("/models/a", 3)  # the run's, not the worker's
     assert worker.hf_checkpoint is None
-    assert [e.name for e in served_environments(worker)] == ["groups", "coding_agent"]
+    assert [e.name for e in served_environments(worker)] == ["groups", "coding_agent", "tool_use", "multi_agent"]
     own = worker_args(tmp_path, "--hf-checkpoint", "/models/own", "--rollout-env", "coding_agent")
     assert [e.name for e in served_environments(own)] == ["coding_agent"]
 

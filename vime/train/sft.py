@@ -24,7 +24,6 @@ load. It must not hold anything else beforehand: SFT never overwrites a model.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import math
@@ -152,14 +151,9 @@ def check_sft_flags(args: Any) -> None:
 def _trainer_args(args: Any, total_steps: int) -> Any:
     """A copy of `args` for `Trainer`: the SFT loss at temperature 1, one optimizer step per
     `train_step` call (the caller makes the batches), and a schedule `total_steps` long."""
-    t = copy.copy(args)
-    t.loss_type = "sft_loss"
-    t.use_kl_loss, t.kl_coef, t.kl_loss_coef, t.entropy_coef, t.use_tis, t.use_mis = False, 0.0, 0.0, 0.0, False, False
-    t.rollout_temperature = 1.0
-    t.global_batch_size = None
-    t.rollout_batch_size = None
-    t.num_rollout = total_steps
-    return t
+    return args.replace(loss_type="sft_loss", use_kl_loss=False, kl_coef=0.0, kl_loss_coef=0.0, entropy_coef=0.0,
+                        use_tis=False, use_mis=False, rollout_temperature=1.0, global_batch_size=None,
+                        rollout_batch_size=None, num_rollout=total_steps)
 
 
 def _sft_copy(s: Sample) -> Sample:
