@@ -34,8 +34,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("vime.envs",),
     # config: flags parsed and checked against everything below (to become `vime/config/`)
     ("vime.flags", "vime.args", "vime.args_resolve", "vime.run_args", "vime.run_input", "vime.preflight", "vime.precision"),
-    # launcher: `vime train` and `vime smoke` (to become `vime/launcher/`)
-    ("vime.supervisor", "vime.recovery", "vime.follow", "vime.launch", "vime.smoke"),
+    # launcher: `vime train`, `vime eval` and `vime smoke` (to become `vime/launcher/`)
+    ("vime.supervisor", "vime.recovery", "vime.follow", "vime.launch", "vime.eval_command", "vime.eval_launch",
+     "vime.smoke"),
     ("vime.ops",),
     ("vime.cli", "vime"),  # "vime" is the package's __init__ only: a new module must be placed
     # above the library
