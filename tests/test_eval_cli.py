@@ -101,3 +101,21 @@ def test_report_draws_eval_curves_beside_the_train_reward_and_the_closing_line_p
     assert cost == {"eval_rounds": 2, "eval_seconds": 4.0, "step_seconds": 16.0}
     assert eval_cost_text(cost) == "eval 4.0 s in 2 round(s) beside 16.0 s of steps (+25%)"
     assert eval_cost([{"step": 0, "reward_mean": 0.1}]) is None
+
+
+def test_an_hf_checkpoints_eval_config_decodes_without_training_sizes(tmp_path, monkeypatch):
+    """An eval of an HF checkpoint has no --num-rollout or --rollout-batch-size: its workflow
+    input still decodes (a None there failed every activation of the EvalWorkflow)."""
+    from temporalio.converter import DataConverter
+
+    from vime.eval_launch import eval_config
+    from vime.temporal.eval_contract import EvalRunInput
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "h.jsonl").write_text(json.dumps({"prompt": "say 1", "label": "1"}) + "\n")
+    cmd = parse_eval_command(["--hf-checkpoint", str(tiny_model_dir()), "--eval-prompt-data", "heldout", "h.jsonl",
+                              "--input-key", "prompt"])
+    inp = EvalRunInput(eval_config(cmd.args, 1), cmd.checkpoints)
+    converter = DataConverter.default.payload_converter
+    back = converter.from_payloads(converter.to_payloads([inp]), [EvalRunInput])[0]
+    assert back == inp and back.config.num_rollout == 1

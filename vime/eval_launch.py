@@ -12,6 +12,7 @@ one prints its table again, and no eval prompt is sampled or graded twice.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -23,7 +24,7 @@ from vime.launch import Launch, _describe, _failure, resume_command, run_to_end,
 from vime.supervisor import WorkerProcess
 from vime.temporal.eval_contract import EVAL_WORKFLOW, EvalRunInput, eval_workflow_id
 from vime.temporal.search_attributes import EVAL, RUN_ID
-from vime.temporal.training_contract import TrainingState
+from vime.temporal.training_contract import TrainingConfig, TrainingState
 
 _ENDED = {WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.CANCELED,
           WorkflowExecutionStatus.TIMED_OUT}
@@ -46,6 +47,14 @@ def eval_table(metrics: list[dict]) -> str:
                          fig("failed", "{}")))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def eval_config(args, checkpoints: int) -> TrainingConfig:
+    """The run's `TrainingConfig` (queues, environment, eval settings) with the training sizes an
+    eval run has no flag for set to what it does: one "step" per checkpoint, no batch."""
+    cfg = training_config(args)
+    return dataclasses.replace(cfg, num_rollout=checkpoints, rollout_batch_size=cfg.rollout_batch_size or 0,
+                               over_sampling_batch_size=cfg.over_sampling_batch_size or 0)
 
 
 class EvalLaunch(Launch):
@@ -86,7 +95,7 @@ class EvalLaunch(Launch):
         print(f"[vime] evaluating {self.cmd.source}: {n} checkpoint(s) "
               f"({', '.join(c.label for c in self.cmd.checkpoints)}) as eval run {args.run_id}", flush=True)
         handle = await client.start_workflow(
-            EVAL_WORKFLOW, EvalRunInput(training_config(args), self.cmd.checkpoints),
+            EVAL_WORKFLOW, EvalRunInput(eval_config(args, n), self.cmd.checkpoints),
             id=handle.id, task_queue=args.rollout_task_queue, result_type=TrainingState,
             search_attributes=TypedSearchAttributes([SearchAttributePair(RUN_ID, args.run_id),
                                                      SearchAttributePair(EVAL, True)]),
