@@ -1,6 +1,6 @@
 """The eval round's activities (see workflows/eval_round.py): what a round evaluates, one eval
-group generated and stored once, slime's `--eval-function-path` hook for a whole round, and the
-round's figures recorded once.
+group generated and stored once, slime's `--eval-function-path` hook for a whole round, the
+round's figures recorded once, and (`vime eval`) a checkpoint's weights loaded into the servers.
 
 Every eval sample is stored with its round's step (`write_rollouts(..., eval_step=step)`) under
 a rollout id made of the round, the set and the sample's index (`eval_rollout_id`): a retried
@@ -27,6 +27,8 @@ from vime.rollout.eval_metrics import ScoredSample, round_metrics
 from vime.rollout.group import run_group
 from vime.rollout.policy_check import StalePolicyError, sampled_versions
 from vime.rollout.rewards import reward_value
+from vime.engine.weight_sync.checkpoint_load import engine_urls, load_checkpoint_weights
+from vime.temporal.eval_contract import LOAD_CHECKPOINT, LoadCheckpointInput
 from vime.temporal.heartbeat import heartbeating
 from vime.temporal.retry import final_config_errors
 from vime.temporal.store_calls import store_call
@@ -61,7 +63,7 @@ class EvalActivities:
         self.runs, self.store = rollouts.runs, rollouts.store
 
     def all(self) -> list:
-        return [self.eval_plan, self.evaluate_by_function, self.record_eval]
+        return [self.eval_plan, self.evaluate_by_function, self.record_eval, self.load_checkpoint]
 
     @activity.defn(name=EVAL_PLAN)
     @final_config_errors
@@ -128,6 +130,16 @@ class EvalActivities:
         _mark(rollouts, inp.weight_version)
         await store_call(self.store.write_rollouts, inp.run_id, rollouts, eval_step=inp.step)
         return len(rollouts)
+
+    @activity.defn(name=LOAD_CHECKPOINT)
+    @final_config_errors
+    async def load_checkpoint(self, inp: LoadCheckpointInput) -> dict:
+        """`vime eval`: the checkpoint's weights pushed into the run's rollout servers as policy
+        `inp.weight_version`, before its round samples (again after a relaunch: fresh servers)."""
+        args = self.runs.args(inp.run_id)
+        urls = engine_urls(args if args.vllm_server_urls or args.vllm_router_ip else self.runs.worker_args)
+        async with heartbeating():
+            return await load_checkpoint_weights(urls, inp.path, inp.weight_version)
 
     @activity.defn(name=RECORD_EVAL)
     @final_config_errors

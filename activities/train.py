@@ -27,6 +27,7 @@ from vime.temporal.heartbeat import heartbeating
 from vime.engine.weight_sync import live_weights
 from vime.engine.health import wait_until_healthy
 from vime.engine.weight_sync.sync import WeightSync
+from vime.engine.weight_sync.checkpoint_load import engine_urls
 from vime.engine.weight_sync.verify import verify_sync
 from vime.errors import ServiceError
 from vime.log import get_logger
@@ -39,16 +40,6 @@ log = get_logger(__name__)
 
 LEASE_S = 900.0  # a run that has not called its trainer for this long (terminated) loses it
 SYNC_WAIT_S = 1800.0  # how long a sync waits for servers that are down (starting, restarting)
-
-
-def engine_urls(args: Any) -> list[str]:
-    """The servers to push weights to: --vllm-server-urls, else the one --vllm-router-ip/port names."""
-    if args.vllm_server_urls:
-        return list(args.vllm_server_urls)
-    if args.vllm_router_ip and args.vllm_router_port:
-        return [f"http://{args.vllm_router_ip}:{args.vllm_router_port}"]
-    raise ServiceError("the trainer has no vLLM server to sync weights to: pass --vllm-server-urls "
-                       "(or --vllm-router-ip/--vllm-router-port naming the one server)")
 
 
 def weight_sync_for(args: Any, urls: list[str]) -> WeightSync:

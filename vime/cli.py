@@ -17,6 +17,7 @@ USAGE = """usage: vime <command> [flags]
 
 commands:
   train        start or resume a training run (Temporal, vLLM and workers are started as needed)
+  eval         evaluate an HF checkpoint or a run's checkpoints on eval sets (durable, resumable); a table
   smoke        start the embedded Temporal + vLLM services and sample from the model once
   sft          supervised warm start on --sft-data traces (their loss_mask tokens); saves an HF model to --save
   engine       run one vLLM server with every flag vime needs (--engine-port; --print-command to see it)
@@ -93,6 +94,7 @@ def _tiny_model(argv: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": _train,
+    "eval": _operate("vime.launcher.eval_launch", "main"),
     "smoke": _smoke,
     "sft": _sft,
     "engine": _engine,

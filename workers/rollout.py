@@ -1,4 +1,4 @@
-"""Worker for the rollout queue: the training workflow, the run's rollout environment
+"""Worker for the rollout queue: the training workflow, `vime eval`'s, the run's rollout environment
 (`--rollout-env`: its workflows and activities, and the workers of its own queues, e.g. the
 coding agent's sandbox queues) and the generate activities every run uses.
 
@@ -32,6 +32,7 @@ from vime.temporal.build_id import code_build_id
 from vime.config.run_args import serves_own_run
 from workers.common import (announce, connect_from_args, ensure_run, run_until_signalled, run_worker,
                             setup_logging)
+from workflows.evaluation import EvalWorkflow
 from workflows.rollout import RolloutWorkflow
 from workflows.training import TrainingWorkflow
 
@@ -66,7 +67,7 @@ async def serve(args) -> None:
         if args.sandbox_backend == "bwrap":  # any environment's sandboxes (agent
             from vime.sandbox.bwrap import reap_stale_workdirs  # sessions, tool calls) left by a
             reap_stale_workdirs()  # worker killed with SIGKILL: gone before this one boots its own
-        workflows = [TrainingWorkflow, RolloutWorkflow]
+        workflows = [TrainingWorkflow, RolloutWorkflow, EvalWorkflow]
         context = EnvContext(args, store, client, runs=acts.runs)
         extras = []
         for env in envs:

@@ -23,11 +23,13 @@ Workflow code: deterministic, light imports only.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
+from temporalio.common import TypedSearchAttributes
 from temporalio.exceptions import ChildWorkflowError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
@@ -35,12 +37,14 @@ with workflow.unsafe.imports_passed_through():
     from vime.temporal.error_types import final_error, root_message
     from vime.temporal.group_contract import GroupInput, GroupOutput
     from vime.temporal.retry import rollout_retry_policy
+    from vime.temporal.search_attributes import EVAL
     from vime.temporal.training_contract import TrainingConfig, TrainingState
 
 EVAL_PLAN = "eval_plan"
 RECORD_EVAL = "record_eval"
 EVAL_BY_FUNCTION = "evaluate_by_function"
 EVAL_PATCH = "eval-rounds"  # histories recorded before eval rounds replay without them
+EVAL_ATTRIBUTE_PATCH = "eval-search-attribute"  # ... and before eval groups carried VimeEval
 EVAL_CONCURRENCY = 64  # eval groups in flight at once: a 10,000-prompt set is not 10,000 children at once
 
 
@@ -65,6 +69,16 @@ class EvalPlan:
 
     sets: list[EvalSet] = field(default_factory=list)
     recorded: dict[str, Any] | None = None
+
+
+def eval_search_attributes(inp: GroupInput) -> TypedSearchAttributes:
+    """A group's search attributes (run, prompt, policy version, status) and `VimeEval=true`:
+    `temporal workflow list --query "VimeRunId='X' AND VimeEval=true"` lists a run's eval
+    groups. Histories recorded before it replay without it (the patch)."""
+    started = starting_search_attributes(inp)
+    if not workflow.patched(EVAL_ATTRIBUTE_PATCH):
+        return started
+    return TypedSearchAttributes([*started.search_attributes, EVAL.value_set(True)])
 
 
 def eval_workflow_id(run_id: str, step: int, eval_set: str, position: int) -> str:
@@ -103,8 +117,10 @@ class EvalRounds:
     def due(self, step: int) -> bool:
         return eval_due(self.cfg, step) and workflow.patched(EVAL_PATCH)
 
-    async def run(self, step: int) -> dict[str, Any]:
-        """The round at `step` (call only when `due`): its figures, `eval/<set>/<figure>`."""
+    async def run(self, step: int, before: Callable[[], Awaitable[None]] | None = None) -> dict[str, Any]:
+        """The round at `step` (call only when `due`): its figures, `eval/<set>/<figure>`.
+        `before()` runs once the round is known not to be recorded yet, before it samples (`vime
+        eval` loads the checkpoint's weights there)."""
         cfg = self.cfg
         version = self.state.weight_version
         inp = EvalRoundInput(cfg.run_id, step, version, cfg.rollout_heartbeat_seconds)
@@ -113,6 +129,8 @@ class EvalRounds:
             start_to_close_timeout=timedelta(seconds=300), retry_policy=rollout_retry_policy())
         if plan.recorded is not None:
             return flat(plan.recorded)
+        if before is not None:
+            await before()
         t0 = workflow.time()
         if cfg.eval_by_function:
             await workflow.execute_activity(
@@ -142,7 +160,7 @@ class EvalRounds:
                                  sandbox_task_queue=cfg.sandbox_task_queue)
                 return await workflow.execute_child_workflow(
                     cfg.rollout_workflow, inp, id=eval_workflow_id(cfg.run_id, step, eval_set, position),
-                    result_type=GroupOutput, search_attributes=starting_search_attributes(inp))
+                    result_type=GroupOutput, search_attributes=eval_search_attributes(inp))
             except ChildWorkflowError as e:
                 if is_cancelled_exception(e):
                     raise

@@ -55,8 +55,9 @@ def format_progress(m: dict, total: int) -> str:
     """One line per finished step: a bar, reward, KL, length, throughput and time per phase, and
     the eval round before the step when there was one. The round after the last step has a line
     of its own."""
-    if m.get("eval_only"):
-        return f"[eval] after step {m['step']}/{total} | {format_eval(m)} | {m.get('eval_seconds', 0):.1f}s"
+    if m.get("eval_only"):  # the round after the last step, or one checkpoint of `vime eval`
+        where = m["eval_checkpoint"] if "eval_checkpoint" in m else f"after step {m['step']}/{total}"
+        return f"[eval] {where} | {format_eval(m)} | {m.get('eval_seconds', 0):.1f}s"
     done = m["step"] + 1
     bar = "#" * int(20 * done / max(1, total))
     kl = m.get("kl_loss", m.get("ref_kl"))

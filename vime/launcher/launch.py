@@ -45,6 +45,7 @@ from vime.config.run_input import initial_state, training_config
 from vime.launcher.follow import Follower
 from vime.log import get_logger
 from vime.config.preflight import preflight
+from vime.metrics_log import read_metrics
 from vime.procs import ask_all_to_stop
 from vime.config.run_args import stored_config
 from vime.rundir import RunDirLock, remove_launch_info, write_launch_info
@@ -169,8 +170,30 @@ def _workers(args, run_dir: Path, temporal_address: str, fleet) -> list[WorkerPr
             WorkerProcess("trainer", "workers.trainer", argv, run_dir / "worker-trainer.log", run_dir, env=checked)]
 
 
+def eval_cost(metrics: list[dict]) -> dict | None:
+    """What the run's eval rounds cost: their seconds beside the steps' (rollout wait, train and
+    sync), over the steps in `metrics`; None when no round ran."""
+    rounds = [m["eval_seconds"] for m in metrics if isinstance(m.get("eval_seconds"), int | float)]
+    if not rounds:
+        return None
+    steps = sum(m.get("rollout_wait_seconds", 0) + m.get("train_phase_seconds", 0) + m.get("sync_seconds", 0)
+                for m in metrics if not m.get("eval_only"))
+    return {"eval_rounds": len(rounds), "eval_seconds": round(sum(rounds), 1), "step_seconds": round(steps, 1)}
+
+
+def eval_cost_text(cost: dict) -> str:
+    """`eval 12.3 s in 4 rounds beside 45.6 s of steps (+27%)`."""
+    share = f" (+{100 * cost['eval_seconds'] / cost['step_seconds']:.0f}%)" if cost["step_seconds"] else ""
+    return (f"eval {cost['eval_seconds']:.1f} s in {cost['eval_rounds']} round(s) beside {cost['step_seconds']:.1f} s "
+            f"of steps{share}")
+
+
 class Launch:
-    """One launch of a run: what it started and what it saw, for the closing lines."""
+    """One launch of a run: what it started and what it saw, for the closing lines. `vime eval`
+    launches the same way with another workflow (`vime.launcher.eval_launch.EvalLaunch` overrides
+    `finished`, `workers`, `start` and the closing lines)."""
+
+    command = "train"
 
     def __init__(self, args, *, checked: bool = False) -> None:
         self.args = args
@@ -206,14 +229,14 @@ class Launch:
                   + (f", Web UI {svc.ui_url}" if svc.ui_url else ""), flush=True)
             write_launch_info(run_dir, temporal=svc.address, namespace=args.temporal_namespace, ui=svc.ui_url,
                               run_id=args.run_id)
-            done = await finished_state(svc.client, args)
+            done = await self.finished(svc.client)
             if done is not None:
                 self._summarize(done)
                 return done
             with engines(args, run_dir) as fleet:
-                with Supervisor(_workers(args, run_dir, svc.address, fleet), stop_with=ask_all_to_stop) as supervisor:
+                with Supervisor(self.workers(svc.address, fleet), stop_with=ask_all_to_stop) as supervisor:
                     await asyncio.to_thread(fleet.wait_ready)  # the workers start up meanwhile
-                    handle, start_step = await start_or_attach(svc.client, args)
+                    handle, start_step = await self.start(svc.client)
                     if start_step is None:  # an earlier launch's workers died with it: their work goes on now
                         await recover_from_earlier_launch(svc.client, args.run_id, LAUNCH_ID,
                                                           "the worker's launcher was stopped or died")
@@ -225,16 +248,28 @@ class Launch:
         self._summarize(state)
         return state
 
+    async def finished(self, client) -> TrainingState | None:
+        """The run's result if its workflow completed already (then nothing is started)."""
+        return await finished_state(client, self.args)
+
+    def workers(self, temporal_address: str, fleet) -> list[WorkerProcess]:
+        return _workers(self.args, self.run_dir, temporal_address, fleet)
+
+    async def start(self, client) -> tuple[WorkflowHandle, int | None]:
+        return await start_or_attach(client, self.args)
+
     def _summarize(self, state: TrainingState) -> None:
         trained = self.follower.steps_trained if self.follower else 0
         seconds = round(time.monotonic() - self.t0, 1)
+        cost = eval_cost(read_metrics(self.run_dir) or state.metrics)
         summary = {"run_id": self.args.run_id, "steps": state.step, "steps_this_launch": trained,
                    "weight_version": state.weight_version, "seconds": seconds, "checkpoint": state.checkpoint,
-                   "metrics": state.metrics}
+                   **(cost or {}), "metrics": state.metrics}
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         dropped = sum(m.get("dropped_groups", 0) for m in state.metrics)
         print(f"[vime] run {self.args.run_id} finished: {state.step} steps, {trained} trained by this launch in "
               f"{seconds:.0f} s" + (f"; {dropped} groups dropped past --max-staleness" if dropped else "")
+              + (f"; {eval_cost_text(cost)}" if cost else "")
               + f"; summary in {self.run_dir / 'summary.json'}", flush=True)
 
     def stopped_line(self, resume_command: str) -> str:
@@ -260,12 +295,14 @@ async def run_training(args) -> TrainingState:
     return await Launch(args).run()
 
 
-def run_to_end(args, resume: str | None = None, *, checked: bool = False) -> tuple[int, TrainingState | None]:
+def run_to_end(args, resume: str | None = None, *, checked: bool = False,
+               launch: Launch | None = None) -> tuple[int, TrainingState | None]:
     """Run a launch to its end as a command does: `(exit code, final state)`. Exit 0 when the run
     finished, 2 on a problem to fix (printed as one line), 130 on Ctrl-C and 143 on SIGTERM (both
     print what was saved and the command that resumes: `resume`, default this process's own).
-    `checked`: the caller ran `preflight(args)` already."""
-    launch = Launch(args, checked=checked)
+    `checked`: the caller ran `preflight(args)` already. `launch`: another kind of launch of
+    `args` (`vime eval`'s), instead of a training run's."""
+    launch = launch or Launch(args, checked=checked)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # even where a shell started us ignoring it
     # What is imported by now (torch, vLLM's parser, Temporal) lives as long as the process: kept
     # out of garbage collection, it is not walked by the full collection `vime.cli` runs at exit
@@ -280,7 +317,7 @@ def run_to_end(args, resume: str | None = None, *, checked: bool = False) -> tup
     try:
         return 0, asyncio.run(run())
     except VimeError as e:
-        print(f"vime train: error: {e}", file=sys.stderr, flush=True)
+        print(f"vime {launch.command}: error: {e}", file=sys.stderr, flush=True)
         return 2, None
     except (KeyboardInterrupt, asyncio.CancelledError) as e:
         print(launch.stopped_line(resume or resume_command()), file=sys.stderr, flush=True)

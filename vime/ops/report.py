@@ -1,6 +1,7 @@
 """`vime report RUN`: one self-contained HTML page about a run, for a browser or a colleague.
 
-Plots of the per-step metrics (`<run_dir>/metrics.jsonl`: reward, KL, entropy, response length,
+Plots of the per-step metrics (`<run_dir>/metrics.jsonl`: reward, the eval rounds' reward and
+pass@k beside it, KL, entropy, response length,
 clip fraction, grad norm, staleness, seconds per phase, tokens/s, infra failures), the reward
 distribution of every trained step, the failure classes, and the longest and the lowest-reward
 rollouts, read from the store. The plots are inline SVG: no script, no network, no plotting
@@ -33,7 +34,7 @@ CHARTS: list[tuple[str, list[tuple[str, str]]]] = [
     ("Grad norm", [("grad_norm", "grad norm")]),
     ("Staleness (policy versions)", [("staleness_mean", "mean"), ("staleness_max", "max")]),
     ("Seconds per phase", [("rollout_wait_seconds", "rollout"), ("train_phase_seconds", "train"),
-                           ("sync_seconds", "weight sync")]),
+                           ("sync_seconds", "weight sync"), ("eval_seconds", "eval round")]),
     ("Train tokens / s", [("train_tokens_per_second", "tokens/s")]),
     ("Infra failures", [("adv_infra_failures", "rollouts")]),
 ]
@@ -72,8 +73,30 @@ def collect(store: SampleStore, run_id: str, metrics: list[dict[str, Any]], top:
     return data
 
 
+def eval_curves(metrics: list[dict]) -> str:
+    """The eval rounds' mean reward (and top pass@k) per set beside the train reward, against steps
+    trained: a step's train reward at its end (step + 1), the round at step k (the policy after k
+    steps) at k. Empty when the run has no eval round."""
+    sets = sorted({k.split("/")[1] for m in metrics for k in m if k.startswith("eval/") and k.endswith("/reward_mean")})
+    if not sets:
+        return ""
+    series = [("train reward", [(m["step"] + 1, float(m["reward_mean"])) for m in metrics
+                                if not m.get("eval_only") and isinstance(m.get("reward_mean"), int | float)])]
+    for name in sets:
+        series.append((f"eval {name}", [(m["step"], float(m[f"eval/{name}/reward_mean"])) for m in metrics
+                                        if isinstance(m.get(f"eval/{name}/reward_mean"), int | float)]))
+        ks = sorted({int(k.rsplit("@", 1)[1]) for m in metrics for k in m if k.startswith(f"eval/{name}/pass@")})
+        if ks and ks[-1] > 1:
+            key = f"eval/{name}/pass@{ks[-1]}"
+            series.append((f"eval {name} pass@{ks[-1]}", [(m["step"], float(m[key])) for m in metrics
+                                                          if isinstance(m.get(key), int | float)]))
+    return svg_chart("Eval reward beside train reward", [s for s in series if s[1]])
+
+
 def render_html(data: RunData) -> str:
     charts = [chart for title, keys in CHARTS if (chart := _metric_chart(title, keys, data.metrics))]
+    if curves := eval_curves(data.metrics):
+        charts.insert(1, curves)
     trained = [m for m in data.metrics if not m.get("eval_only")]  # not the eval round after the last step
     steps = len(trained)
     last = trained[-1] if trained else {}

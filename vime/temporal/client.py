@@ -29,6 +29,7 @@ _INDEXED = {
     "Keyword": IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD,
     "Double": IndexedValueType.INDEXED_VALUE_TYPE_DOUBLE,
     "Int": IndexedValueType.INDEXED_VALUE_TYPE_INT,
+    "Bool": IndexedValueType.INDEXED_VALUE_TYPE_BOOL,
 }
 
 

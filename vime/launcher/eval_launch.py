@@ -1,0 +1,133 @@
+"""`vime eval`: evaluate checkpoints through the durable eval rounds a training run uses, and print
+a table checkpoint x eval set.
+
+It launches as `vime train` does (`vime.launcher.launch.Launch`: the run-directory lock, the Temporal dev
+server, vLLM servers and a router unless given, supervised workers, recovery from an earlier
+launch, Ctrl-C and the same command), with a rollout worker only (nothing trains), and starts or
+attaches to the eval run's `EvalWorkflow` (`workflows/evaluation.py`): per checkpoint, its
+weights loaded into the servers, then one eval round (`workflows/eval_round.py`). The run id is
+derived from what is evaluated (`vime.launcher.eval_command`): the same command resumes it, a finished
+one prints its table again, and no eval prompt is sampled or graded twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+
+from temporalio.client import WorkflowExecutionStatus, WorkflowHandle
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+
+from vime.launcher.eval_command import EvalCommand, parse_eval_command
+from vime.config.run_input import training_config
+from vime.launcher.launch import Launch, _describe, _failure, resume_command, run_to_end
+from vime.launcher.supervisor import WorkerProcess
+from vime.temporal.eval_contract import EVAL_WORKFLOW, EvalRunInput, eval_workflow_id
+from vime.temporal.search_attributes import EVAL, RUN_ID
+from vime.temporal.training_contract import TrainingConfig, TrainingState
+
+_ENDED = {WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.TERMINATED, WorkflowExecutionStatus.CANCELED,
+          WorkflowExecutionStatus.TIMED_OUT}
+
+
+def eval_table(metrics: list[dict]) -> str:
+    """One row per checkpoint and eval set: mean reward, pass@1, pass@k of the most samples per
+    prompt, mean response length, samples and failures."""
+    rows = [("checkpoint", "step", "set", "reward", "pass@1", "pass@k", "len", "samples", "failed")]
+    for m in metrics:
+        sets = sorted({k.split("/")[1] for k in m if k.startswith("eval/") and k.endswith("/samples")})
+        for name in sets:
+            def fig(key: str, fmt: str = "{:.3f}") -> str:
+                value = m.get(f"eval/{name}/{key}")
+                return "-" if value is None else fmt.format(value)
+            ks = sorted(int(k.rsplit("@", 1)[1]) for k in m if k.startswith(f"eval/{name}/pass@"))
+            top = f"{m[f'eval/{name}/pass@{ks[-1]}']:.3f} (k={ks[-1]})" if ks else "-"
+            rows.append((str(m.get("eval_checkpoint", m["step"])), str(m["step"]), name, fig("reward_mean"),
+                         fig("pass@1"), top, fig("response_length_mean", "{:.1f}"), fig("samples", "{}"),
+                         fig("failed", "{}")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def eval_config(args, checkpoints: int) -> TrainingConfig:
+    """The run's `TrainingConfig` (queues, environment, eval settings) with the training sizes an
+    eval run has no flag for set to what it does: one "step" per checkpoint, no batch."""
+    cfg = training_config(args)
+    return dataclasses.replace(cfg, num_rollout=checkpoints, rollout_batch_size=cfg.rollout_batch_size or 0,
+                               over_sampling_batch_size=cfg.over_sampling_batch_size or 0)
+
+
+class EvalLaunch(Launch):
+    """A launch of an eval run: `Launch` with the eval workflow and a rollout worker only."""
+
+    command = "eval"
+
+    def __init__(self, cmd: EvalCommand) -> None:
+        super().__init__(cmd.args, checked=True)
+        self.cmd = cmd
+
+    def workflow_handle(self, client) -> WorkflowHandle:
+        return client.get_workflow_handle(eval_workflow_id(self.args.run_id), result_type=TrainingState)
+
+    async def finished(self, client) -> TrainingState | None:
+        handle = self.workflow_handle(client)
+        described = await _describe(handle)
+        if described is None or described.status != WorkflowExecutionStatus.COMPLETED:
+            return None
+        print(f"[vime] eval {self.args.run_id} already finished; its table again (nothing is sampled)", flush=True)
+        return await handle.result()
+
+    def workers(self, temporal_address: str, fleet) -> list[WorkerProcess]:
+        return [w for w in super().workers(temporal_address, fleet) if w.name == "rollout"]
+
+    async def start(self, client) -> tuple[WorkflowHandle, int | None]:
+        args = self.args
+        handle = self.workflow_handle(client)
+        described = await _describe(handle)
+        status = described.status if described else None
+        if status == WorkflowExecutionStatus.RUNNING:
+            print(f"[vime] eval {args.run_id} is in progress; continuing it", flush=True)
+            return handle, None
+        if status in _ENDED:
+            print(f"[vime] eval {args.run_id} ended ({await _failure(handle)}); starting it again: rounds it "
+                  "recorded are kept, samples it stored are not sampled again", flush=True)
+        n = len(self.cmd.checkpoints)
+        print(f"[vime] evaluating {self.cmd.source}: {n} checkpoint(s) "
+              f"({', '.join(c.label for c in self.cmd.checkpoints)}) as eval run {args.run_id}", flush=True)
+        handle = await client.start_workflow(
+            EVAL_WORKFLOW, EvalRunInput(eval_config(args, n), self.cmd.checkpoints),
+            id=handle.id, task_queue=args.rollout_task_queue, result_type=TrainingState,
+            search_attributes=TypedSearchAttributes([SearchAttributePair(RUN_ID, args.run_id),
+                                                     SearchAttributePair(EVAL, True)]),
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY)
+        return handle, 0
+
+    def _summarize(self, state: TrainingState) -> None:
+        seconds = round(time.monotonic() - self.t0, 1)
+        summary = {"run_id": self.args.run_id, "evaluated": self.cmd.source, "seconds": seconds,
+                   "checkpoints": state.metrics}
+        (self.run_dir / "eval.json").write_text(json.dumps(summary, indent=1))
+        print(eval_table(state.metrics), flush=True)
+        print(f"[vime] eval {self.args.run_id} finished: {len(state.metrics)} checkpoint(s) in {seconds:.0f} s; "
+              f"figures in {self.run_dir / 'eval.json'}, samples: vime samples {self.args.run_id} --eval "
+              f"--run-dir {self.run_dir}", flush=True)
+
+    def stopped_line(self, resume: str) -> str:
+        done = len(self.follower.evals_printed) if self.follower else 0
+        return (f"[vime] stopped eval {self.args.run_id} ({done} checkpoint(s) evaluated by this launch; rounds and "
+                f"samples kept in {self.args.store_url.removeprefix('sqlite:///')}); resume with: {resume}")
+
+
+def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        from vime.launcher.eval_command import USAGE
+
+        print(USAGE + "\n\n" + (__doc__ or ""))
+        return 0
+    cmd = parse_eval_command(argv)
+    from vime.log import configure_logging
+
+    configure_logging()
+    return run_to_end(cmd.args, resume_command(), checked=True, launch=EvalLaunch(cmd))[0]
