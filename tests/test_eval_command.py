@@ -130,3 +130,31 @@ def test_kill_9_of_the_rollout_worker_and_ctrl_c_mid_eval_then_the_same_command_
     out = ev.output(2)
     assert "is in progress; continuing it" in out, out[-3000:]
     assert_each_eval_sample_once(ev.run_dir, {1: 1, 2: 2}, per_round=48)
+
+
+def test_kill_9_of_the_vllm_server_vime_eval_started_mid_round_reloads_the_checkpoint(
+        trained, tiny_model_dir, tmp_path):
+    """A server the launcher restarts boots the base model: the checkpoint under evaluation is
+    loaded into it again, and the round's samples all carry the checkpoint's version."""
+    heldout = write_heldout(tmp_path / "heldout.jsonl", 200)  # more groups than run at once: some meet the kill
+    ev = TrainRun(tmp_path, tiny_model_dir, run="ev")
+    ev.argv = eval_argv(str(trained.run_dir), "--checkpoints", "last", "--eval-prompt-data", "heldout", str(heldout),
+                        "--eval-input-key", "q", "--eval-label-key", "a", "--n-samples-per-eval-prompt", "2",
+                        "--eval-max-response-len", "12", "--run-dir", str(ev.run_dir))  # vime starts the server
+
+    def evals_stored() -> int:
+        if not (ev.run_dir / "vime.db").exists():
+            return 0
+        with SampleStore.open(ev.run_dir) as store, store.engine.connect() as conn:
+            return conn.exec_driver_sql("SELECT COUNT(*) FROM samples WHERE eval_step IS NOT NULL").scalar()
+
+    try:
+        ev.start()
+        ev.wait_for(lambda: evals_stored() >= 4, 600, "the first eval samples")
+        os.kill(ev.pid("vllm"), signal.SIGKILL)
+        assert ev.wait(900) == 0, ev.tail()
+    finally:
+        ev.kill_all()
+    out = ev.output(1)
+    assert "loading the checkpoint under evaluation into the restarted server" in out, out[-3000:]
+    assert_each_eval_sample_once(ev.run_dir, {2: 2}, per_round=400)

@@ -23,7 +23,7 @@ from vime.launcher.eval_command import EvalCommand, parse_eval_command
 from vime.config.run_input import training_config
 from vime.launcher.launch import Launch, _describe, _failure, resume_command, run_to_end
 from vime.launcher.supervisor import WorkerProcess
-from vime.temporal.eval_contract import EVAL_WORKFLOW, EvalRunInput, eval_workflow_id
+from vime.temporal.eval_contract import EVAL_WORKFLOW, SERVERS_LOST_SIGNAL, EvalRunInput, eval_workflow_id
 from vime.temporal.search_attributes import EVAL, RUN_ID
 from vime.temporal.training_contract import TrainingConfig, TrainingState
 
@@ -56,6 +56,23 @@ def eval_config(args, checkpoints: int) -> TrainingConfig:
     cfg = training_config(args)
     return dataclasses.replace(cfg, num_rollout=checkpoints, rollout_batch_size=cfg.rollout_batch_size or 0,
                                over_sampling_batch_size=cfg.over_sampling_batch_size or 0)
+
+
+class ReloadAfterRestart:
+    """The servers, checked as `vime train` checks them; when a restarted server is back (it boots
+    the base model), the eval workflow is told to load its checkpoint again before the round's
+    groups, failing the version check meanwhile, are sampled again."""
+
+    def __init__(self, fleet, handle: WorkflowHandle) -> None:
+        self.fleet, self.handle = fleet, handle
+
+    async def check(self) -> list[str]:
+        was = getattr(self.fleet, "restarting", False)
+        lines = await self.fleet.check()
+        if was and not getattr(self.fleet, "restarting", False):
+            await self.handle.signal(SERVERS_LOST_SIGNAL)
+            lines = [*lines, "[vime] loading the checkpoint under evaluation into the restarted server"]
+        return lines
 
 
 class EvalLaunch(Launch):
@@ -103,6 +120,9 @@ class EvalLaunch(Launch):
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY)
         return handle, 0
+
+    def services(self, temporal, fleet, handle: WorkflowHandle) -> list:
+        return [temporal, ReloadAfterRestart(fleet, handle)]
 
     def _summarize(self, state: TrainingState) -> None:
         seconds = round(time.monotonic() - self.t0, 1)

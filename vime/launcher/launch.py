@@ -242,7 +242,7 @@ class Launch:
                                                           "the worker's launcher was stopped or died")
                         await handle.signal(TRAINER_LOST_SIGNAL)
                     self.t0 = time.monotonic()
-                    self.follower = Follower(svc.client, handle, args.run_id, supervisor, [svc, fleet],
+                    self.follower = Follower(svc.client, handle, args.run_id, supervisor, self.services(svc, fleet, handle),
                                              start_step=start_step, started_at=self.started_at)
                     state = await self.follower.follow()
         self._summarize(state)
@@ -257,6 +257,10 @@ class Launch:
 
     async def start(self, client) -> tuple[WorkflowHandle, int | None]:
         return await start_or_attach(client, self.args)
+
+    def services(self, temporal, fleet, handle: WorkflowHandle) -> list:
+        """What the follower checks (and restarts) once a second."""
+        return [temporal, fleet]
 
     def _summarize(self, state: TrainingState) -> None:
         trained = self.follower.steps_trained if self.follower else 0
