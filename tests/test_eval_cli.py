@@ -12,7 +12,7 @@ from vime.errors import ConfigError
 from vime.launcher.eval_command import parse_eval_command, run_checkpoints, split_argv, without_flags
 from vime.launcher.eval_launch import eval_table
 from vime.launcher.launch import eval_cost, eval_cost_text
-from vime.ops.report import eval_curves
+from vime.ops.report import RunData, eval_curves
 from vime.testing.tiny_model import tiny_model_dir
 
 
@@ -93,6 +93,7 @@ def test_report_draws_eval_curves_beside_the_train_reward_and_the_closing_line_p
                {"step": 1, "reward_mean": 0.3, "rollout_wait_seconds": 3.0, "train_phase_seconds": 4.0,
                 "sync_seconds": 1.0},
                {"step": 2, "eval_only": True, **ROUND, "eval/heldout/reward_mean": 0.7}]
+    assert len(RunData("r", {}, metrics).trained) == 2  # the report's step count: the round after the last is not a step
     svg = eval_curves(metrics)
     assert "Eval reward beside train reward" in svg
     assert all(name in svg for name in ("train reward", "eval heldout", "eval heldout pass@4"))

@@ -137,7 +137,7 @@ def report_main(argv: list[str]) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_html(data))
     if args.json:
-        print(json.dumps({"report": str(out), "steps": len(data.metrics), "samples": data.samples}))
+        print(json.dumps({"report": str(out), "steps": len(data.trained), "samples": data.samples}))
     else:
-        print(f"wrote {out} ({len(data.metrics)} steps, {data.samples} samples): open it in a browser")
+        print(f"wrote {out} ({len(data.trained)} steps, {data.samples} samples): open it in a browser")
     return 0

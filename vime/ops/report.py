@@ -51,6 +51,11 @@ class RunData:
     longest: list[dict] = field(default_factory=list)
     lowest: list[dict] = field(default_factory=list)
 
+    @property
+    def trained(self) -> list[dict[str, Any]]:
+        """The metrics of trained steps: not the eval round recorded after the last step."""
+        return [m for m in self.metrics if not m.get("eval_only")]
+
 
 def collect(store: SampleStore, run_id: str, metrics: list[dict[str, Any]], top: int = 10) -> RunData:
     with store.engine.connect() as conn:
@@ -97,7 +102,7 @@ def render_html(data: RunData) -> str:
     charts = [chart for title, keys in CHARTS if (chart := _metric_chart(title, keys, data.metrics))]
     if curves := eval_curves(data.metrics):
         charts.insert(1, curves)
-    trained = [m for m in data.metrics if not m.get("eval_only")]  # not the eval round after the last step
+    trained = data.trained
     steps = len(trained)
     last = trained[-1] if trained else {}
     facts = [("run", data.run_id), ("model", data.config.get("hf_checkpoint", "?")),
