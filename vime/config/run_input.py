@@ -6,6 +6,8 @@ would give it (the group size, the batch sizes, the queues), not a hand-written 
 
 The JSON is what Temporal's default data converter makes of `TrainingInput`, so the workflow
 reads it back as the same dataclass. Nothing else goes to stdout: `vime config ... > run.json`.
+`vime train` builds its workflow's input with the same two functions (`training_config`,
+`initial_state`), which is why they live here, below the launcher.
 """
 
 from __future__ import annotations
