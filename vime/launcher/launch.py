@@ -209,6 +209,9 @@ class Launch:
             preflight(args)
         if args.tis_because:
             print(f"[vime] {args.tis_because}", flush=True)
+        if args.eval_config and "--eval-prompt-data" in args.argv:
+            print(f"[vime] --eval-config {args.eval_config} replaces --eval-prompt-data, as in slime: the eval sets "
+                  f"are {', '.join(args.eval_prompt_data[0::2])}", flush=True)
         with RunDirLock(run_dir) as lock:
             if lock.leftovers:
                 print(f"[vime] stopped {len(lock.leftovers)} process(es) an earlier launch of this run left "
