@@ -41,6 +41,9 @@ eval:
       temperature: 0
       top_k: 5
       max_response_len: 4
+      stop: ["\\n"]
+      stop_token_ids: [7]
+      skip_special_tokens: true
 """
 
 
@@ -105,11 +108,15 @@ BAD = [
     ("eval: [1]\n", "eval.yaml: eval: must be a mapping with `datasets`"),
     ("eval: {datasets: [{name: a, path: a.jsonl}], default: {}}\n",
      "eval.yaml: eval.default: unknown key; allowed: defaults, datasets"),
-    ("defaults: 3\ndatasets: [{name: a, path: a.jsonl}]\n", "eval.yaml: defaults: must be a mapping of dataset settings"),
-    ("defaults: {stop: x}\ndatasets: [{name: a, path: a.jsonl}]\n",
-     "eval.yaml: defaults.stop: unknown key; allowed: input_key, label_key"),
+    ("defaults: 3\ndatasets: [{name: a, path: a.jsonl}]\n",
+     "eval.yaml: defaults: must be a mapping of dataset settings"),
+    ("defaults: {stopp: x}\ndatasets: [{name: a, path: a.jsonl}]\n",
+     "eval.yaml: defaults.stopp: unknown key; allowed: input_key, label_key"),
+    ("defaults: {repetition_penalty: 1.1}\ndatasets: [{name: a, path: a.jsonl}]\n",
+     "eval.yaml: defaults.repetition_penalty: a key of slime's eval config that vime does not take yet; allowed: "),
     ("defaults: {top_p: 0.5}\n", "eval.yaml: datasets: is missing: list the eval sets"),
-    ("datasets: a.jsonl\n", "eval.yaml: datasets: must be a list of datasets (or a mapping of name to settings), got str"),
+    ("datasets: a.jsonl\n",
+     "eval.yaml: datasets: must be a list of datasets (or a mapping of name to settings), got str"),
     ("datasets: []\n", "eval.yaml: datasets: is empty: list at least one eval set"),
     ("datasets: [a.jsonl]\n", "eval.yaml: datasets[0]: must be a mapping with a name and a path, got str"),
     ("datasets: [{name: a, path: a.jsonl, prompt_key: q}]\n",
@@ -135,7 +142,8 @@ BAD = [
      "eval.yaml: datasets[0].n_samples_per_eval_prompt: must be a positive integer, got True"),
     ("datasets: [{name: a, path: a.jsonl, temperature: -1}]\n",
      "eval.yaml: datasets[0].temperature: must be a number >= 0 (0: greedy), got -1"),
-    ("datasets: [{name: a, path: a.jsonl, top_p: 0}]\n", "eval.yaml: datasets[0].top_p: must be a number in (0, 1], got 0"),
+    ("datasets: [{name: a, path: a.jsonl, top_p: 0}]\n",
+     "eval.yaml: datasets[0].top_p: must be a number in (0, 1], got 0"),
     ("datasets: [{name: a, path: a.jsonl, top_k: 0}]\n",
      "eval.yaml: datasets[0].top_k: must be an integer, -1 (off) or >= 1, got 0"),
     ("datasets: [{name: a, path: a.jsonl, max_response_len: 1.5}]\n",
@@ -148,6 +156,12 @@ BAD = [
      "eval.yaml: datasets[0]: give one reward: rm_type (a built-in) or custom_rm_path (a function), not both"),
     ("datasets: [{name: a, path: a.jsonl, rm_type: math, group_rm: true}]\n",
      "eval.yaml: datasets[0].group_rm: batches the set's own custom_rm_path, which is not set for it"),
+    ("datasets: [{name: a, path: a.jsonl, stop: x}]\n",
+     "eval.yaml: datasets[0].stop: must be a list of non-empty strings, got 'x'"),
+    ("datasets: [{name: a, path: a.jsonl, stop_token_ids: [-1]}]\n",
+     "eval.yaml: datasets[0].stop_token_ids: must be a list of token ids (integers >= 0), got [-1]"),
+    ("datasets: [{name: a, path: a.jsonl, skip_special_tokens: 1}]\n",
+     "eval.yaml: datasets[0].skip_special_tokens: must be true or false, got 1"),
     ("datasets: [{name: a, path: a.jsonl, metadata_overrides: 3}]\n",
      "eval.yaml: datasets[0].metadata_overrides: must be a mapping, got 3"),
     ("datasets: [{name: a, path: a.jsonl\n", "--eval-config 'eval.yaml': not valid YAML (line 2, column 1:"),
@@ -245,8 +259,10 @@ def test_each_sets_samples_sampling_generate_and_reward_are_its_own(tmp_path, co
     aime_args, gpqa_args = eval_set_args(args, "aime"), eval_set_args(args, "gpqa")
     p = sampling_params_from_args(aime_args, evaluation=True)
     assert (p["temperature"], p["top_p"], p["top_k"], p["max_tokens"]) == (0.5, 0.7, -1, 16)  # flag, defaults
+    assert "stop" not in p and not p["skip_special_tokens"]
     p = sampling_params_from_args(gpqa_args, evaluation=True)
     assert (p["temperature"], p["top_p"], p["top_k"], p["max_tokens"]) == (0.0, 0.7, 5, 4)
+    assert (p["stop"], p["stop_token_ids"], p["skip_special_tokens"]) == (["\n"], [7], True)
     assert (aime_args.rm_type, aime_args.custom_rm_path) == ("exact_match", None)
     assert (gpqa_args.rm_type, gpqa_args.custom_rm_path) == (None, "tests.test_eval_config.one")
     assert gpqa_args.custom_generate_function_path == "tests.test_eval_config.one"

@@ -38,6 +38,8 @@ SET_FLAGS = {
     "n_samples_per_eval_prompt": "n_samples_per_eval_prompt",
     "temperature": "eval_temperature", "top_p": "eval_top_p", "top_k": "eval_top_k",
     "max_response_len": "eval_max_response_len",
+    "stop": "rollout_stop", "stop_token_ids": "rollout_stop_token_ids",
+    "skip_special_tokens": "rollout_skip_special_tokens",
     "rm_type": "rm_type", "custom_rm_path": "custom_rm_path", "group_rm": "group_rm",
     "custom_generate_function_path": "custom_generate_function_path",
 }
