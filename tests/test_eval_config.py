@@ -290,6 +290,16 @@ def test_the_content_read_at_launch_is_what_the_runs_flags_carry_not_the_file(tm
     assert parse_args(args.argv).eval_config_data == args.eval_config_data  # gone: nothing reads it
 
 
+def test_a_long_lived_worker_reads_the_runs_recorded_content_by_run_id(tmp_path, config, sets):
+    from vime.config.run_args import RunArgs
+
+    args = config_args(tmp_path, config)
+    config.unlink()
+    worker = RunArgs(make_args(tmp_path / "worker"), {args.run_id: args.argv}.get)  # connections only
+    assert [n for n, _ in eval_sets(worker.args(args.run_id))] == ["aime", "gpqa"]
+    assert eval_set_args(worker.args(args.run_id), "aime").n_samples_per_eval_prompt == 4
+
+
 def test_a_new_launch_reads_the_file_again(tmp_path, config, sets):
     args = config_args(tmp_path, config)
     config.write_text(f"datasets: [{{name: other, path: {sets[0]}}}]\n")
