@@ -12,7 +12,7 @@ import pytest
 
 from tests.test_eval import make_args, write_jsonl
 from vime.config.args import parse_args
-from vime.config.eval_config import DATASET_KEYS, SETTINGS
+from vime.config.eval_config import DATASET_KEYS, SETTINGS, replaced_sets_note
 from vime.config.preflight import check_prompt_data
 from vime.errors import ConfigError
 from vime.launcher.eval_command import EVAL_SET_FLAGS, eval_run_id, without_flags
@@ -323,9 +323,12 @@ def test_eval_config_data_is_vimes_record_not_a_flag_to_give_alone(tmp_path):
         make_args(tmp_path, "--eval-config-data", '{"source": "x", "datasets": []}')
 
 
-def test_as_in_slime_an_eval_config_replaces_eval_prompt_data(tmp_path, config, sets):
+def test_as_in_slime_an_eval_config_replaces_eval_prompt_data_and_the_launch_says_so(tmp_path, config, sets):
     args = config_args(tmp_path, config, "--eval-prompt-data", "old", str(sets[0]))
     assert [n for n, _ in eval_sets(args)] == ["aime", "gpqa"]
+    assert replaced_sets_note(args) == (f"--eval-config {config} replaces --eval-prompt-data, as in slime: the eval "
+                                        "sets are aime, gpqa")
+    assert replaced_sets_note(config_args(tmp_path, config)) is None
 
 
 def test_sets_given_to_vime_eval_replace_the_runs_whichever_flag_named_them():

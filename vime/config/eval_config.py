@@ -287,3 +287,12 @@ def _datasets(raw: Any, where: str, defaults: dict[str, Any], problems: _Problem
 def eval_config_sets(data: dict[str, Any]) -> list[str]:
     """The config's sets as `--eval-prompt-data` pairs (name, path, name, path, ...)."""
     return [value for d in data["datasets"] for value in (d["name"], d["path"])]
+
+
+def replaced_sets_note(args: Any) -> str | None:
+    """The launch's line when the command gives both `--eval-config` and `--eval-prompt-data`:
+    slime's precedence (the file's sets), said rather than silent."""
+    if not (args.eval_config and "--eval-prompt-data" in args.argv):
+        return None
+    return (f"--eval-config {args.eval_config} replaces --eval-prompt-data, as in slime: the eval sets are "
+            f"{', '.join(args.eval_prompt_data[0::2])}")
