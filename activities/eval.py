@@ -22,7 +22,7 @@ from vime.envs.contract import summarize
 from vime.errors import ConfigError
 from vime.plugins import call_hook_async, load_hook
 from vime.rollout.data_source import make_data_source
-from vime.rollout.eval_data import eval_dataset, eval_prompt_group, eval_rollout_id, eval_sets
+from vime.rollout.eval_data import eval_dataset, eval_prompt_group, eval_rollout_id, eval_set_args, eval_sets
 from vime.rollout.eval_metrics import ScoredSample, round_metrics
 from vime.rollout.group import run_group
 from vime.rollout.policy_check import StalePolicyError, sampled_versions
@@ -74,14 +74,18 @@ class EvalActivities:
             if recorded is not None:
                 return EvalPlan(recorded=recorded.metrics)
             args = self.runs.args(inp.run_id)
-            return EvalPlan([EvalSet(name, len(eval_dataset(args, name))) for name, _ in eval_sets(args)])
+            return EvalPlan([EvalSet(name, len(eval_dataset(args, name)),
+                                     eval_set_args(args, name).n_samples_per_eval_prompt)
+                             for name, _ in eval_sets(args)])
         return await store_call(plan)
 
     async def evaluate_group(self, inp: RolloutInput) -> RolloutOutput:
         """One eval prompt's group (`generate_group` with `inp.evaluation`): sampled with the eval
-        settings, scored, stored once as eval samples of the round; never filtered."""
+        settings (the set's own, with `--eval-config`: its sampling, generate and reward), scored,
+        stored once as eval samples of the round; never filtered."""
         args, _ = await self.rollouts.run_context(inp.run_id)
         group = eval_prompt_group(args, inp.eval_set, inp.position)
+        set_args = eval_set_args(args, inp.eval_set)
         ids = [eval_rollout_id(inp.step, inp.eval_set, s.index) for s in group]
         stored = await store_call(self.rollouts.stored_group, inp.run_id, ids)
         if stored is not None:
@@ -89,7 +93,7 @@ class EvalActivities:
         if activity.in_activity():
             watch_hooks(activity.client())
         async with heartbeating():
-            results = await run_group(args, group, evaluation=True)
+            results = await run_group(set_args, group, evaluation=True)
             await self.rollouts.retry_if_infra(args, results, f"eval group {inp.eval_set}/{inp.position}")
         check_one_version((s for r in results for s in r), inp.weight_version,
                           f"eval group {inp.eval_set}/{inp.position} of the round at step {inp.step}")
@@ -121,7 +125,7 @@ class EvalActivities:
             for i, s in enumerate(samples):
                 s.metadata["eval_set"] = name
                 if s.group_index is None:
-                    s.group_index = i // max(1, args.n_samples_per_eval_prompt)
+                    s.group_index = i // max(1, _samples_per_prompt(args, name))
                 rollouts[eval_rollout_id(inp.step, name, s.index if s.index is not None else i)] = [s]
         if not rollouts:
             raise ConfigError(f"--eval-function-path returned no eval sample for the round at step {inp.step}")
@@ -161,6 +165,12 @@ class EvalActivities:
                        "eval_weight_version": inp.weight_version}
             return self.store.write_eval_round(inp.run_id, inp.step, inp.weight_version, metrics).metrics
         return await store_call(record)
+
+
+def _samples_per_prompt(args: Any, name: str) -> int:
+    """Set `name`'s samples per prompt (a set the hook made up: the flag's)."""
+    known = name in dict(eval_sets(args))
+    return (eval_set_args(args, name) if known else args).n_samples_per_eval_prompt
 
 
 def _by_set(output: Any) -> dict[str, list[Sample]]:

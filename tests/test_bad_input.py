@@ -152,6 +152,29 @@ def test_a_launch_on_a_live_runs_directory_is_refused_in_one_line_and_writes_not
             assert snapshot(run.run_dir) == before, command
 
 
+def test_a_bad_eval_config_is_one_line_per_problem_before_anything_starts(tiny_model_dir, tmp_path):
+    """Every problem of the file at once, one line each naming the file and the key path; then, the
+    file fixed, a set whose records lack its own input key. Nothing started, nothing written."""
+    config = write(tmp_path / "eval.yaml", "eval:\n  datasets:\n    - {name: aime, path: aime.jsonl, "
+                   "n_samples_per_eval_prompt: 0}\n    - {name: aime, path: b.jsonl, stop: x}\n")
+    run = TrainRun(tmp_path, tiny_model_dir, "--vllm-router-ip", "127.0.0.1", "--vllm-router-port", "9",
+                   "--eval-interval", "2", "--eval-config", str(config))
+    t0 = time.monotonic()
+    assert run.run_to_end(120) == 2
+    first = one_line_error(run.output())
+    assert first.endswith(f"{config}: eval.datasets[0].n_samples_per_eval_prompt: must be a positive integer, got 0")
+    assert f"{config}: eval.datasets[1].stop: unknown key; allowed: name, path, input_key" in run.output()
+    assert f"{config}: eval.datasets[1].name: 'aime' is also eval.datasets[0]'s name" in run.output()
+    assert time.monotonic() - t0 < 30 and not run.run_dir.exists()
+
+    write(tmp_path / "aime.jsonl", json.dumps({"prompt": "1 + 1", "answer": "2"}) + "\n")
+    write(config, "eval:\n  datasets:\n    - {name: aime, path: %s, input_key: problem}\n" % (tmp_path / "aime.jsonl"))
+    assert run.run_to_end(120) == 2
+    line = one_line_error(run.output(2))
+    assert f"{config}: eval.datasets[0].path {tmp_path / 'aime.jsonl'}:1: no key 'problem'" in line, line
+    assert not run.run_dir.exists()
+
+
 def test_a_prompt_file_too_short_for_one_step_is_one_line_before_anything_starts(tiny_model_dir, tmp_path):
     run = TrainRun(tmp_path, tiny_model_dir, "--vllm-router-ip", "127.0.0.1", "--vllm-router-port", "9", groups=8)
     write(tmp_path / "prompts.jsonl", prompt_lines(3))

@@ -87,17 +87,72 @@ def test_vime_eval_of_a_runs_checkpoints_prints_the_table_and_stores_each_sample
     assert_each_eval_sample_once(eval_dir, {1: 1, 2: 2}, per_round=6)
 
 
-def test_vime_eval_of_an_hf_checkpoint(training_server, tiny_model_dir, tmp_path):
-    heldout = write_heldout(tmp_path / "heldout.jsonl", 2)
-    argv = eval_argv("--hf-checkpoint", str(tiny_model_dir), "--eval-prompt-data", "heldout", str(heldout),
-                     "--eval-input-key", "q", "--eval-label-key", "a", "--rm-type", "exact_match",
-                     "--n-samples-per-eval-prompt", "4", "--eval-max-response-len", "4",
+SET_HOOKS = '''
+from vime.rollout.generate import generate as vime_generate
+
+
+async def generate(args, sample, sampling_params, evaluation=False):
+    """The easy set's own generate function: vime's, noting the sampling it was given."""
+    sample = await vime_generate(args, sample, sampling_params, evaluation)
+    sample.metadata.update(by="the set's generate", temperature=sampling_params["temperature"],
+                           max_tokens=sampling_params["max_tokens"])
+    return sample
+
+
+def full_marks(args, sample):
+    return 1.0
+'''
+
+EVAL_CONFIG = """
+eval:
+  defaults: {{input_key: q, label_key: a, max_response_len: 4}}
+  datasets:
+    - {{name: heldout, path: {heldout}, rm_type: exact_match, n_samples_per_eval_prompt: 4}}
+    - name: easy
+      path: {easy}
+      n_samples_per_eval_prompt: 2
+      custom_rm_path: set_hooks.full_marks
+      custom_generate_function_path: set_hooks.generate
+      temperature: 0.5
+      max_response_len: 3
+"""
+
+
+def test_vime_eval_of_an_hf_checkpoint_on_an_eval_config_gives_each_set_its_own_samples_and_reward(
+        training_server, tiny_model_dir, tmp_path):
+    """Two sets of one --eval-config in one round: each with its own samples per prompt (so its own
+    pass@k), sampling, generate function and reward function."""
+    (tmp_path / "set_hooks.py").write_text(SET_HOOKS)
+    config = tmp_path / "eval.yaml"
+    config.write_text(EVAL_CONFIG.format(heldout=write_heldout(tmp_path / "heldout.jsonl", 2),
+                                         easy=write_heldout(tmp_path / "easy.jsonl", 3)))
+    argv = eval_argv("--hf-checkpoint", str(tiny_model_dir), "--eval-config", str(config),
                      "--run-dir", str(tmp_path / "ev"), *engine_flags(training_server))
-    out = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=600)
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    row = next(line.split() for line in out.stdout.splitlines() if line.startswith(tiny_model_dir.name))
-    assert row[1:3] == ["0", "heldout"] and "(k=4)" in out.stdout
-    assert_each_eval_sample_once(tmp_path / "ev", {0: 0}, per_round=8)
+    rows = {line.split()[2]: line for line in out.stdout.splitlines() if line.startswith(tiny_model_dir.name)}
+    assert set(rows) == {"heldout", "easy"} and "(k=4)" in rows["heldout"] and "(k=2)" in rows["easy"], out.stdout
+
+    with SampleStore.open(tmp_path / "ev") as store, store.engine.connect() as conn:
+        (run_id,) = [r for (r,) in conn.exec_driver_sql("SELECT run_id FROM runs").all()]
+    with SampleStore.open(tmp_path / "ev") as store:
+        (recorded,) = store.eval_rounds(run_id)
+        by_set: dict[str, list] = {}
+        for _, s in store.iter_samples(run_id, evaluation=True, eval_step=0):
+            by_set.setdefault(s.metadata["eval_set"], []).append(s)
+    m = recorded.metrics
+    assert (m["eval/heldout/samples"], m["eval/easy/samples"]) == (2 * 4, 3 * 2)
+    assert "eval/heldout/pass@4" in m and "eval/easy/pass@2" in m and "eval/easy/pass@4" not in m
+    assert m["eval/easy/reward_mean"] == m["eval/easy/pass@1"] == m["eval/easy/pass@2"] == 1.0  # its own reward
+    heldout, easy = by_set["heldout"], by_set["easy"]
+    assert len(heldout) == 8 and len(easy) == 6
+    assert all(s.reward in (0.0, 1.0) and "by" not in s.metadata and s.response_length <= 4 for s in heldout)
+    assert all(s.metadata["rm_type"] == "exact_match" for s in heldout)
+    assert all(s.reward == 1.0 and s.metadata["by"] == "the set's generate" for s in easy)
+    assert all(s.metadata["temperature"] == 0.5 and s.metadata["max_tokens"] == 3 and s.response_length <= 3
+               for s in easy)
+    assert all(set(sampled_versions(s)) == {0} for s in heldout + easy)
 
 
 def test_kill_9_of_the_rollout_worker_and_ctrl_c_mid_eval_then_the_same_command_finishes_once(

@@ -40,6 +40,7 @@ EXERCISED = {
     "--num-epoch": "test_preflight.py::test_as_many_prompts_as_one_step_takes_train_over_epochs",
     "--data-source-path": "test_plugins.py::test_colon_path_reaches_attributes_of_objects",
     "--eval-prompt-data": "test_preflight.py::test_eval_sets_are_checked_too",
+    "--eval-config": "test_eval_command.py::test_vime_eval_of_an_hf_checkpoint_on_an_eval_config_gives_each_set_its_own_samples_and_reward",
     "--sft-data": "test_sft.py::test_sft_teaches_the_tool_call_answers_and_the_saved_model_reproduces_each_one",
     "--hf-checkpoint": "test_bad_input.py::test_a_launch_on_a_live_runs_directory_is_refused_in_one_line_and_writes_nothing",
     "--rollout-function-path": "test_fully_async.py::test_the_fully_async_example_learns_when_started_by_upstreams_rollout_function",
@@ -136,6 +137,8 @@ EXERCISED = {
 
 # flag -> (a command line parse_args refuses, a fragment of the one-line reason)
 REFUSED = {
+    "--eval-config-data": (["--eval-config-data", "{}"],  # vime's record of --eval-config in a run's flags
+                           "--eval-config-data is vime's record of an --eval-config file's content"),
     "--micro-batch-size": (["--micro-batch-size", "4"],
                            "--micro-batch-size 4: vime packs each micro-batch up to --max-tokens-per-gpu tokens"),
     "--opd-type": (["--use-opd", "--opd-type", "megatron"],  # vllm and sglang both name the one teacher vime has

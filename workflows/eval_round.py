@@ -61,6 +61,7 @@ class EvalRoundInput:
 class EvalSet:
     name: str
     prompts: int
+    samples_per_prompt: int = 0  # the set's own (--eval-config); 0: --n-samples-per-eval-prompt
 
 
 @dataclass
@@ -138,7 +139,7 @@ class EvalRounds:
                 heartbeat_timeout=timedelta(seconds=cfg.rollout_heartbeat_seconds), retry_policy=rollout_retry_policy())
         else:
             slots = asyncio.Semaphore(EVAL_CONCURRENCY)
-            await asyncio.gather(*(self._group(slots, step, version, s.name, i)
+            await asyncio.gather(*(self._group(slots, step, version, s, i)
                                    for s in plan.sets for i in range(s.prompts)))
         inp.seconds = workflow.time() - t0
         recorded = await workflow.execute_activity(
@@ -146,17 +147,18 @@ class EvalRounds:
             start_to_close_timeout=timedelta(seconds=600), retry_policy=rollout_retry_policy())
         return flat(recorded)
 
-    async def _group(self, slots: asyncio.Semaphore, step: int, version: int, eval_set: str,
+    async def _group(self, slots: asyncio.Semaphore, step: int, version: int, dataset: EvalSet,
                      position: int) -> GroupOutput:
         """One eval prompt's group from the run's environment, with evaluation on."""
         cfg = self.cfg
+        eval_set, n = dataset.name, dataset.samples_per_prompt or cfg.n_samples_per_eval_prompt
         async with slots:
             self.running += 1
             try:
                 inp = GroupInput(cfg.run_id, step, position, version, evaluation=True, eval_set=eval_set,
                                  heartbeat_seconds=cfg.rollout_heartbeat_seconds,
                                  local_activity=cfg.local_activities,
-                                 n_samples_per_prompt=cfg.n_samples_per_eval_prompt,
+                                 n_samples_per_prompt=n,
                                  sandbox_task_queue=cfg.sandbox_task_queue)
                 return await workflow.execute_child_workflow(
                     cfg.rollout_workflow, inp, id=eval_workflow_id(cfg.run_id, step, eval_set, position),

@@ -22,6 +22,7 @@ import dataclasses
 import difflib
 import importlib
 import importlib.util
+import json
 import os
 import sys
 import typing
@@ -250,8 +251,19 @@ def parse_args(argv: list[str] | None = None, *, vllm_flags: bool = True) -> Vim
         args.router_args = ["--policy", args.router_policy, *args.router_args]
     resolve(args)
     resolve_precision(args, given=values.keys(), training=trains_on_rollouts(args))
-    args.argv = [*argv, "--run-id", args.run_id, "--run-dir", args.run_dir]
+    args.argv = [*argv, *_recorded_eval_config(argv, args), "--run-id", args.run_id, "--run-dir", args.run_dir]
     return args.read_only()
+
+
+def _recorded_eval_config(argv: list[str], args: VimeArgs) -> list[str]:
+    """`--eval-config-data JSON`, the content of `--eval-config` as read now, for the run's
+    recorded flags (`vime.config.eval_config`); nothing when `argv` records that content already."""
+    if args.eval_config_data is None:
+        return []
+    recorded = _flag_value(argv, "--eval-config-data")
+    if recorded is not None and json.loads(recorded) == args.eval_config_data:
+        return []
+    return ["--eval-config-data", json.dumps(args.eval_config_data, separators=(",", ":"))]
 
 
 def check_vllm_flags(args: VimeArgs) -> VimeArgs:

@@ -86,6 +86,13 @@ class VimeArgs:
     num_epoch: int | None = _data(None, "Epochs over --prompt-data; ignored when --num-rollout is set.")
     data_source_path: str | None = _data(None, "Custom data source class (dotted path).")
     eval_prompt_data: list[str] | None = _data(None, "Eval sets as name path pairs: aime /data/aime.jsonl.")
+    eval_config: str | None = _data(
+        None, "YAML or JSON file of eval sets, each with its own path, record keys, samples per prompt, sampling and "
+              "reward or generate function (slime's --eval-config; it replaces --eval-prompt-data). "
+              "See docs/evaluation.md.")
+    eval_config_data: dict | None = _data(None, argparse.SUPPRESS, type=_json_object)
+    """--eval-config's content as read at launch, appended to the run's recorded flags (`VimeArgs.argv`) so
+    workers and `vime eval RUN` evaluate what the run was started with, not what the file says later."""
     sft_data: str | None = _data(
         None, "`vime sft`: JSONL, one Sample.to_dict() per line; loss_mask marks the tokens to learn."
     )

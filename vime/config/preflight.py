@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vime.config.args import VimeArgs
+from vime.config.eval_config import key_path
 from vime.config.resolve import HOOK_FLAGS
 from vime.errors import ConfigError
 from vime.rollout.dataset import check_prompt_file
@@ -226,12 +227,41 @@ def check_prompt_data(args: Any) -> None:
             raise ConfigError("--prompt-data is not set; point it at a .jsonl or .parquet prompt file")
         prompts = check_prompt_file(args.prompt_data, flag="--prompt-data", **keys)
         check_enough_prompts(args, prompts)
-    eval_function = args.eval_function_path or args.rollout_function_path
-    if args.eval_prompt_data and eval_function == VimeArgs.rollout_function_path:
-        from vime.rollout.eval_data import eval_keys, eval_sets
+    check_eval_sets(args)
 
-        for _, path in eval_sets(args):
-            check_prompt_file(path, flag="--eval-prompt-data", **eval_keys(args))
+
+def check_eval_sets(args: Any) -> None:
+    """Each eval set's records read as prompts with the set's own keys (`--eval-config`), else the
+    eval keys; each set's own reward type and hooks exist. Files a custom eval (or rollout)
+    function reads itself are not checked."""
+    from vime.rollout.eval_data import eval_keys, eval_set_args, eval_sets
+
+    data = args.eval_config_data
+    if data is not None:
+        for i, entry in enumerate(data["datasets"]):
+            _check_set_reward(args, entry, key_path(data, i))
+    if not args.eval_prompt_data or (args.eval_function_path or args.rollout_function_path) != \
+            VimeArgs.rollout_function_path:
+        return
+    for i, (name, path) in enumerate(eval_sets(args)):
+        flag = f"{key_path(data, i)}.path" if data is not None else "--eval-prompt-data"
+        check_prompt_file(path, flag=flag, **eval_keys(eval_set_args(args, name)))
+
+
+def _check_set_reward(args: Any, entry: dict[str, Any], where: str) -> None:
+    """An `--eval-config` set's `rm_type` is one vime has, and its hooks import."""
+    from vime.plugins import load_function
+    from vime.rollout.rewards import BUILTIN_RMS
+
+    rm_type = entry.get("rm_type")
+    if rm_type == "remote_rm" and not args.rm_url:
+        raise ConfigError(f"{where}.rm_type: remote_rm needs --rm-url (the reward service)")
+    if rm_type is not None and rm_type != "remote_rm" and rm_type.removeprefix("boxed_") not in BUILTIN_RMS:
+        raise ConfigError(f"{where}.rm_type: {rm_type!r} is not a built-in reward; use one of "
+                          f"{', '.join(sorted(BUILTIN_RMS))}, remote_rm, a boxed_ prefix, or custom_rm_path")
+    for key in ("custom_rm_path", "custom_generate_function_path"):
+        if entry.get(key) is not None:
+            load_function(entry[key], f"{where}.{key}")
 
 
 def check_enough_prompts(args: Any, prompts: int) -> None:

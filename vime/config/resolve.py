@@ -136,8 +136,9 @@ def _check_eval_flags(args: Any) -> None:
     sampling settings that are a policy (temperature 0 is greedy decoding, fine for evaluation)."""
     from vime.rollout.eval_data import eval_sets
 
+    _take_eval_config(args)
     if args.eval_interval is not None and not args.eval_prompt_data:
-        raise ConfigError("--eval-interval needs --eval-prompt-data (name path pairs)")
+        raise ConfigError("--eval-interval needs --eval-prompt-data (name path pairs) or --eval-config FILE")
     eval_sets(args)  # pairs, names
     if args.eval_temperature is not None and args.eval_temperature < 0:
         raise ConfigError(f"--eval-temperature must be >= 0 (0: greedy), got {args.eval_temperature}")
@@ -146,6 +147,25 @@ def _check_eval_flags(args: Any) -> None:
     if args.eval_interval is not None and args.rollout_env != "groups":
         raise ConfigError(f"--eval-interval with --rollout-env {args.rollout_env}: eval rounds run through the "
                           "default environment (groups) only so far; drop --eval-interval or use --rollout-env groups")
+
+
+def _take_eval_config(args: Any) -> None:
+    """`--eval-config`: its content (read from the file, or as recorded with the run's flags for
+    that file: `--eval-config-data`), and its sets as the run's eval sets. As in slime, the file
+    replaces `--eval-prompt-data` (the launcher says so when both are given)."""
+    from vime.config.eval_config import check_eval_config, eval_config_sets, read_eval_config
+
+    recorded = args.eval_config_data
+    if args.eval_config is None:
+        if recorded is not None:
+            raise ConfigError("--eval-config-data is vime's record of an --eval-config file's content; pass "
+                              "--eval-config FILE instead")
+        return
+    if recorded is None or recorded.get("source") != args.eval_config:
+        args.eval_config_data = read_eval_config(args.eval_config)
+    else:  # recorded by a launch (or hand-edited in `vime config`'s JSON): checked again, kept as it is
+        check_eval_config({"datasets": recorded.get("datasets")}, args.eval_config)
+    args.eval_prompt_data = eval_config_sets(args.eval_config_data)
 
 
 def _model_urls(pairs: list[str]) -> dict[str, str]:

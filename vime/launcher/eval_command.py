@@ -3,10 +3,12 @@
     vime eval --hf-checkpoint DIR --eval-prompt-data NAME FILE [NAME FILE ...] [vime flags]
     vime eval RUN_DIR [--checkpoints all|last|STEP,...] [--eval-prompt-data ...] [vime flags]
 
-The first form evaluates one HF model directory (its round is step 0, policy version 0). The
-second evaluates checkpoints of a training run: its flags are read from its store (the model,
-the reward, the eval sets it had), the flags given here are laid over them, and each chosen
-`step_*` checkpoint under its `--save` is one round, at the checkpoint's step.
+(`--eval-config FILE` anywhere in place of `--eval-prompt-data`.) The first form evaluates one HF
+model directory (its round is step 0, policy version 0). The second evaluates checkpoints of a
+training run: its flags are read from its store (the model, the reward, the eval sets it had:
+an `--eval-config` as its content was when the run started), the flags given here are laid over
+them (eval sets given replace the run's, whichever flag named them), and each chosen `step_*`
+checkpoint under its `--save` is one round, at the checkpoint's step.
 
 The eval run's id is derived from what is evaluated (the checkpoints, the eval sets and every
 flag that shapes an eval sample or its score), so the same command finds the same run and goes
@@ -29,7 +31,13 @@ from vime.errors import ConfigError
 from vime.temporal.eval_contract import EvalCheckpoint
 
 USAGE = """usage: vime eval --hf-checkpoint DIR --eval-prompt-data NAME FILE [NAME FILE ...] [vime flags]
-       vime eval RUN_DIR [--checkpoints all|last|STEP[,STEP...]] [--eval-prompt-data ...] [vime flags]"""
+       vime eval --hf-checkpoint DIR --eval-config FILE [vime flags]
+       vime eval RUN_DIR [--checkpoints all|last|STEP[,STEP...]] [--eval-prompt-data ... | --eval-config FILE]
+                 [vime flags]"""
+NO_SETS = ("vime eval needs --eval-prompt-data NAME FILE [NAME FILE ...] or --eval-config FILE: the sets to "
+           "evaluate on")
+EVAL_SET_FLAGS = {"--eval-prompt-data": None, "--eval-config": 1, "--eval-config-data": 1}
+"""The flags that choose the eval sets: given to `vime eval RUN`, they replace all of the run's."""
 
 # flags of the training run that say where *that* launch ran: an eval run has its own
 DROPPED = {"--run-id": 1, "--run-dir": 1, "--store-url": 1, "--temporal-address": 1, "--load": 1,
@@ -160,13 +168,16 @@ def run_checkpoints(args: Any, run_dir: Path, spec: str | None) -> list[EvalChec
 
 
 def eval_run_id(prefix: str, args: Any, checkpoints: list[EvalCheckpoint]) -> str:
-    """`<prefix>-eval-<hash>`: the hash of what is evaluated and every flag that shapes an eval sample."""
+    """`<prefix>-eval-<hash>`: the hash of what is evaluated and every flag that shapes an eval sample
+    (and the content of `--eval-config`: an edited file is a new eval run, a moved one is not)."""
     from vime.rollout.eval_data import eval_sets
 
     what = {"checkpoints": [(c.step, c.path, c.weight_version) for c in checkpoints],
             "model": str(Path(args.hf_checkpoint).resolve()),
             "sets": [(name, str(Path(path).resolve())) for name, path in eval_sets(args)],
             **{f: getattr(args, f, None) for f in IDENTITY_FIELDS}}
+    if args.eval_config_data is not None:  # --eval-config by its content (sets, settings, paths), not its path
+        what["eval_config"] = args.eval_config_data["datasets"]
     digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{re.sub(r'[^A-Za-z0-9_.-]', '-', prefix)[:60]}-eval-{digest}"
 
@@ -174,19 +185,15 @@ def eval_run_id(prefix: str, args: Any, checkpoints: list[EvalCheckpoint]) -> st
 def eval_preflight(args: Any) -> None:
     """`vime train`'s checks that apply to an eval run: the run directory, hooks, the model,
     the servers, and every eval set's records."""
-    from vime.config.preflight import check_checkpoint, check_hooks, check_run_dir, check_serving
-    from vime.rollout.dataset import check_prompt_file
-    from vime.rollout.eval_data import eval_keys, eval_sets
+    from vime.config.preflight import check_checkpoint, check_eval_sets, check_hooks, check_run_dir, check_serving
 
     if not args.eval_prompt_data:
-        raise ConfigError("vime eval needs --eval-prompt-data NAME FILE [NAME FILE ...]: the sets to evaluate on")
+        raise ConfigError(NO_SETS)
     check_run_dir(args)
     check_hooks(args)
     check_checkpoint(args)
     check_serving(args)
-    if (args.eval_function_path or args.rollout_function_path) == type(args).rollout_function_path:
-        for _, path in eval_sets(args):
-            check_prompt_file(path, flag="--eval-prompt-data", **eval_keys(args))
+    check_eval_sets(args)
 
 
 def parse_eval_command(argv: list[str]) -> EvalCommand:
@@ -199,8 +206,8 @@ def parse_eval_command(argv: list[str]) -> EvalCommand:
         run_id, stored = run_of(path)
         base = without_flags(stored, DROPPED)
         given = {t.split("=", 1)[0] for t in flags}
-        if "--eval-prompt-data" in given:
-            base = without_flags(base, {"--eval-prompt-data": None})
+        if given & set(EVAL_SET_FLAGS):
+            base = without_flags(base, EVAL_SET_FLAGS)
         first = parse_args([*base, *flags], vllm_flags=False)
         checkpoints = run_checkpoints(first, path, spec)
         prefix, default_dir, source = run_id, path / "evals", f"run {run_id} ({path})"
@@ -215,7 +222,7 @@ def parse_eval_command(argv: list[str]) -> EvalCommand:
         checkpoints = [EvalCheckpoint(0, Path(model).name, model if external else None, 0)]
         prefix, default_dir, source = Path(model).name, Path("runs"), f"model {model}"
     if not first.eval_prompt_data:
-        raise ConfigError("vime eval needs --eval-prompt-data NAME FILE [NAME FILE ...]: the sets to evaluate on")
+        raise ConfigError(NO_SETS)
     user_dir = _flag_value(flags, "--run-dir")
     run_id = _flag_value(flags, "--run-id") or eval_run_id(prefix, first, checkpoints)
     location = ["--run-id", run_id] + ([] if user_dir else ["--run-dir", str(default_dir / run_id)])

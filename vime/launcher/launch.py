@@ -47,6 +47,7 @@ from vime.log import get_logger
 from vime.config.preflight import preflight
 from vime.metrics_log import read_metrics
 from vime.procs import ask_all_to_stop
+from vime.config.eval_config import replaced_sets_note
 from vime.config.run_args import stored_config
 from vime.rundir import RunDirLock, remove_launch_info, write_launch_info
 from vime.store import SampleStore
@@ -209,6 +210,8 @@ class Launch:
             preflight(args)
         if args.tis_because:
             print(f"[vime] {args.tis_because}", flush=True)
+        if note := replaced_sets_note(args):
+            print(f"[vime] {note}", flush=True)
         with RunDirLock(run_dir) as lock:
             if lock.leftovers:
                 print(f"[vime] stopped {len(lock.leftovers)} process(es) an earlier launch of this run left "

@@ -28,7 +28,7 @@ from typing import Any
 
 from vime.errors import ConfigError
 from vime.log import get_logger
-from vime.rollout.eval_data import eval_dataset, eval_prompt_group, eval_sets
+from vime.rollout.eval_data import eval_dataset, eval_prompt_group, eval_set_args, eval_sets
 from vime.rollout.filters import apply_dynamic_filter
 from vime.rollout.generate import close_engine_clients
 from vime.rollout.group import gather_or_cancel, run_group
@@ -128,8 +128,9 @@ def _hand_back(data_source: Any, groups: list[list[Sample]]) -> None:
 
 async def eval_rollout(args: Any, rollout_id: int) -> list[list[Sample]]:
     """Every prompt of every `--eval-prompt-data` set, `--n-samples-per-eval-prompt` times (one
-    group per prompt), with evaluation sampling; samples carry `metadata["eval_set"]` and rollout
-    ids `eval-<set>-<index>`, apart from the training run's."""
+    group per prompt), with evaluation sampling (each set's own settings with `--eval-config`);
+    samples carry `metadata["eval_set"]` and rollout ids `eval-<set>-<index>`, apart from the
+    training run's."""
     sets = eval_sets(args)
     if not sets:
         raise ConfigError("evaluation needs --eval-prompt-data (name path pairs)")
@@ -139,8 +140,8 @@ async def eval_rollout(args: Any, rollout_id: int) -> list[list[Sample]]:
             group = eval_prompt_group(args, name, i)
             for sample in group:
                 sample.rollout_id = f"eval-{name}-{sample.index}"
-            groups.append(group)
-    results = await gather_or_cancel([run_group(args, g, evaluation=True) for g in groups])
+            groups.append((eval_set_args(args, name), group))
+    results = await gather_or_cancel([run_group(set_args, g, evaluation=True) for set_args, g in groups])
     return [_flatten(r) for r in results]
 
 
