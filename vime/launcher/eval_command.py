@@ -29,7 +29,8 @@ from vime.errors import ConfigError
 from vime.temporal.eval_contract import EvalCheckpoint
 
 USAGE = """usage: vime eval --hf-checkpoint DIR --eval-prompt-data NAME FILE [NAME FILE ...] [vime flags]
-       vime eval RUN_DIR [--checkpoints all|last|STEP[,STEP...]] [--eval-prompt-data ...] [vime flags]"""
+       vime eval RUN_DIR [--checkpoints all|last|STEP[,STEP...]] [--eval-prompt-data ...] [vime flags]
+       vime eval --compare RUN_A RUN_B [--json]"""
 
 # flags of the training run that say where *that* launch ran: an eval run has its own
 DROPPED = {"--run-id": 1, "--run-dir": 1, "--store-url": 1, "--temporal-address": 1, "--load": 1,
