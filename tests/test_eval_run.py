@@ -81,6 +81,13 @@ def test_a_run_evaluates_at_0_every_n_steps_and_after_the_last_on_one_policy_ver
                                                                          for s in rounds]
     assert "reward_mean" in tensorboard and not {"step", "finished_at"} & set(tensorboard)
 
+    compared = subprocess.run([sys.executable, "-m", "vime.cli", "eval", "--compare", str(tmp_path / "run"),
+                               str(tmp_path / "run"), "--json"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert compared.returncode == 0, compared.stderr  # a real run's rounds, read from its store alone
+    table = json.loads(compared.stdout)
+    assert [r["step"] for r in table["rows"]] == rounds and table["notes"] == [] and table["ks"] == {"heldout": 4}
+    assert all(r["reward_mean"]["diff"] == 0 for r in table["rows"])
+
 
 EVAL_FUNCTION = '''
 from vime.rollout.vllm_rollout import generate_rollout
