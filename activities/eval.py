@@ -27,6 +27,7 @@ from vime.rollout.eval_metrics import ScoredSample, round_metrics
 from vime.rollout.group import run_group
 from vime.rollout.policy_check import StalePolicyError, sampled_versions
 from vime.rollout.rewards import reward_value
+from vime.sample_summary import failure_class
 from vime.engine.weight_sync.checkpoint_load import engine_urls, load_checkpoint_weights
 from vime.temporal.eval_contract import LOAD_CHECKPOINT, LoadCheckpointInput
 from vime.temporal.heartbeat import heartbeating
@@ -160,7 +161,8 @@ class EvalActivities:
                 failed = s.status == Sample.Status.FAILED
                 by_set.setdefault(s.metadata.get("eval_set", "eval"), []).append(ScoredSample(
                     s.group_index if s.group_index is not None else -1,
-                    None if failed else reward_value(args, s), s.status.value, s.response_length))
+                    None if failed else reward_value(args, s), s.status.value, s.response_length,
+                    failure_class(s.status.value, s.metadata or {})))
             metrics = {**round_metrics(by_set), "eval_seconds": inp.seconds,
                        "eval_weight_version": inp.weight_version}
             return self.store.write_eval_round(inp.run_id, inp.step, inp.weight_version, metrics).metrics

@@ -12,7 +12,9 @@ import pytest
 from vime.config.args import parse_args
 from vime.errors import ConfigError
 from vime.rollout.eval_data import eval_prompt_group, eval_rollout_id, eval_sets
-from vime.rollout.eval_metrics import ScoredSample, pass_at_k, reported_ks, round_metrics, set_metrics
+from vime.rollout.eval_metrics import (ScoredSample, failures_text, pass_at_k, reported_ks, round_metrics,
+                                       set_metrics)
+from vime.sample_summary import FAILURE_CLASSES, failure_class
 from vime.rollout.sampling import sampling_params_from_args
 
 
@@ -56,6 +58,37 @@ def test_a_set_s_figures_match_a_hand_computation():
     assert m["response_length_mean"] == pytest.approx(11.5)
     flat = round_metrics({"heldout": samples})
     assert flat["eval/heldout/pass@2"] == m["pass@2"] and set(flat) == {f"eval/heldout/{k}" for k in m}
+
+
+def test_failed_eval_samples_are_counted_by_their_failure_class():
+    """The classes `vime samples --failed` shows, as metric keys; their counts add up to `failed`."""
+    metas = {"infra": ("failed", {"infra_failure": "ConnectError: vLLM down", "error": "ConnectError"}),
+             "timeout": ("failed", {"error": "HookTimeout: --custom-generate-function-path g timed out after 5 s",
+                                    "error_source": "--custom-generate-function-path 'g'"}),
+             "reward_timeout": ("failed", {"error": "--custom-rm-path rm.score timed out after 3 s on sample 2",
+                                           "error_source": "--custom-rm-path 'rm.score'"}),
+             "reward_error": ("failed", {"error": "--custom-rm-path 'rm.score' raised KeyError: 'answer'",
+                                         "error_source": "--custom-rm-path 'rm.score'"}),
+             "env_reward": ("failed", {"error": "environment reward score raised ValueError",
+                                       "error_source": "environment reward score"}),
+             "generate_error": ("failed", {"error": "ValueError: bad tool call",
+                                           "error_source": "vime.rollout.generate.generate"}),
+             "aborted": ("aborted", {}), "bare": ("failed", {})}
+    classes = {name: failure_class(status, meta) for name, (status, meta) in metas.items()}
+    assert classes == {"infra": "infra", "timeout": "timeout", "reward_timeout": "timeout",
+                       "reward_error": "reward_error", "env_reward": "reward_error",
+                       "generate_error": "generate_error", "aborted": "aborted", "bare": "error"}
+    assert set(classes.values()) <= set(FAILURE_CLASSES)
+
+    samples = [ScoredSample(i, None, status, 0, failure_class(status, meta))
+               for i, (status, meta) in enumerate(metas.values())] + [ScoredSample(9, 1.0, "completed", 3)]
+    m = round_metrics({"heldout": samples})
+    assert m["eval/heldout/failed"] == 8
+    assert {k: v for k, v in m.items() if "/failed/" in k} == {
+        "eval/heldout/failed/infra": 1, "eval/heldout/failed/timeout": 2, "eval/heldout/failed/reward_error": 2,
+        "eval/heldout/failed/generate_error": 1, "eval/heldout/failed/aborted": 1, "eval/heldout/failed/error": 1}
+    assert failures_text(m, "heldout") == "8 (reward_error 2, timeout 2, aborted 1, error 1, generate_error 1, infra 1)"
+    assert "eval/heldout/failed/infra" not in round_metrics({"heldout": samples[-1:]}), "only classes that occurred"
 
 
 def test_a_sample_passes_at_full_marks_only():

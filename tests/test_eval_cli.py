@@ -12,7 +12,7 @@ from vime.errors import ConfigError
 from vime.launcher.eval_command import parse_eval_command, run_checkpoints, split_argv, without_flags
 from vime.launcher.eval_launch import eval_table
 from vime.launcher.launch import eval_cost, eval_cost_text
-from vime.ops.report import RunData, eval_curves
+from vime.ops.report import RunData, eval_curves, render_html
 from vime.testing.tiny_model import tiny_model_dir
 
 
@@ -85,6 +85,9 @@ def test_the_table_has_a_row_per_checkpoint_and_set():
     assert table[0].split() == ["checkpoint", "step", "set", "reward", "pass@1", "pass@k", "len", "samples", "failed"]
     assert table[1].split() == ["step_000001", "1", "heldout", "0.500", "0.500", "0.750", "(k=4)", "3.0", "8", "0"]
     assert [r.split()[:3] for r in table[2:]] == [["step_000002", "2", "heldout"], ["step_000002", "2", "other"]]
+    failing = eval_table([{"step": 3, **ROUND, "eval/heldout/failed": 3, "eval/heldout/failed/infra": 2,
+                           "eval/heldout/failed/timeout": 1}]).splitlines()
+    assert failing[1].endswith("8        3 (infra 2, timeout 1)"), "the failed column names the classes"
 
 
 def test_report_draws_eval_curves_beside_the_train_reward_and_the_closing_line_prices_the_rounds():
@@ -98,6 +101,12 @@ def test_report_draws_eval_curves_beside_the_train_reward_and_the_closing_line_p
     assert "Eval reward beside train reward" in svg
     assert all(name in svg for name in ("train reward", "eval heldout", "eval heldout pass@4"))
     assert eval_curves([{"step": 0, "reward_mean": 0.1}]) == ""
+    page = render_html(RunData("r", {}, metrics))
+    assert "Eval failures by class" in page and "No failed eval sample in 2 round(s)." in page
+    metrics[2].update({"eval/heldout/failed": 2, "eval/heldout/failed/reward_error": 2})
+    page = render_html(RunData("r", {}, metrics))
+    assert "<tr><td>2</td><td>heldout</td><td>reward_error</td><td>2</td></tr>" in page
+    assert "Eval failures" not in render_html(RunData("r", {}, metrics[1:2])), "no eval round: no section"
     cost = eval_cost(metrics)
     assert cost == {"eval_rounds": 2, "eval_seconds": 4.0, "step_seconds": 16.0}
     assert eval_cost_text(cost) == "eval 4.0 s in 2 round(s) beside 16.0 s of steps (+25%)"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import engine_flags
+from tests.test_metrics_log import scalars
 from vime.metrics_log import read_metrics
 from vime.rollout.policy_check import sampled_versions
 from vime.store import SampleStore
@@ -74,6 +75,18 @@ def test_a_run_evaluates_at_0_every_n_steps_and_after_the_last_on_one_policy_ver
         assert by_step[s]["eval_weight_version"] == s
         assert 0 <= by_step[s]["eval/heldout/pass@1"] <= by_step[s]["eval/heldout/pass@4"] <= 1
     assert not any(k.startswith("eval") for k in by_step[1])  # no round before step 1
+    tensorboard = scalars(tmp_path / "run")  # the same figures in TensorBoard, at the rounds' steps
+    assert [step for step, _ in tensorboard["eval/heldout/reward_mean"]] == rounds
+    assert [value for _, value in tensorboard["eval/heldout/pass@4"]] == [by_step[s]["eval/heldout/pass@4"]
+                                                                         for s in rounds]
+    assert "reward_mean" in tensorboard and not {"step", "finished_at"} & set(tensorboard)
+
+    compared = subprocess.run([sys.executable, "-m", "vime.cli", "eval", "--compare", str(tmp_path / "run"),
+                               str(tmp_path / "run"), "--json"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert compared.returncode == 0, compared.stderr  # a real run's rounds, read from its store alone
+    table = json.loads(compared.stdout)
+    assert [r["step"] for r in table["rows"]] == rounds and table["notes"] == [] and table["ks"] == {"heldout": 4}
+    assert all(r["reward_mean"]["diff"] == 0 for r in table["rows"])
 
 
 EVAL_FUNCTION = '''

@@ -30,6 +30,7 @@ from vime.launcher.follow import format_progress
 from vime.rollout import hook_calls
 from vime.rollout.group import run_group
 from vime.rollout.rewards import SampleRewardError, reward
+from vime.sample_summary import failure_class
 from vime.store import SampleStore
 from vime.types import Sample
 from workflows.failures import StepFailures
@@ -76,6 +77,7 @@ async def test_a_reward_that_raises_on_one_sample_fails_that_sample_naming_hook_
     assert line.startswith(f"--custom-rm-path '{hooks}.flaky' raised ValueError: the verifier choked on sample 1 (")
     assert line.endswith(f"{hooks}.py:6)"), line
     assert "infra_failure" not in bad.metadata
+    assert failure_class(bad.status.value, bad.metadata) == "reward_error"  # its class in eval figures
 
     out = summarize(0, ["0", "1", "2"], rollouts, preview=False)
     assert (out.samples, out.errors, out.failed, out.first_error) == (3, 1, 1, line)
@@ -92,6 +94,7 @@ async def test_a_reward_that_hangs_times_out_on_its_own_sample_and_names_the_hoo
     for i, [s] in enumerate(rollouts):
         assert s.status == Sample.Status.FAILED and s.reward is None
         assert s.metadata["hook_failure"] == f"--custom-rm-path {hooks}.{hook} timed out after 0.5 s on sample {i}"
+        assert failure_class(s.status.value, s.metadata) == "timeout"
     assert not hook_calls.in_flight  # nothing left registered as waiting
 
 
@@ -103,6 +106,7 @@ async def test_a_generate_hook_that_hangs_times_out_and_the_sample_fails(tmp_pat
     assert s.status == Sample.Status.FAILED and "infra_failure" not in s.metadata  # not retried as an outage
     assert s.metadata["hook_failure"] == (f"--custom-generate-function-path {hooks}.generate_hangs timed out "
                                           "after 0.3 s on sample 0")
+    assert failure_class(s.status.value, s.metadata) == "timeout"
 
 
 async def test_a_sync_reward_runs_off_the_event_loop_and_scores_as_before(tmp_path, hook_module):

@@ -156,11 +156,11 @@ def chromium_binary() -> str:
     return binary
 
 
-def chromium_screenshot(page: Path, png: Path) -> None:
+def chromium_screenshot(page: Path, png: Path, size: str = "1200,1600") -> None:
     """Headless Chromium (Debian's `chromium`; scripts/setup.sh installs it) renders `page`."""
     subprocess.run([chromium_binary(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                    f"--user-data-dir={png.parent / 'chromium-profile'}", "--window-size=1200,1600",
+                    f"--user-data-dir={png.parent / 'chromium-profile'}", f"--window-size={size}",
                     f"--screenshot={png}", page.as_uri()], capture_output=True, timeout=120, check=True)
 
 

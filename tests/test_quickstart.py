@@ -3,6 +3,10 @@ tiny model goes from ~0.23 mean reward (chance) to >= 0.9 within 10 minutes on 2
 
 The bar is 0.9 averaged over the last 3 of 24 steps; the figures measured here are in the
 issue's closing note (0.22 at step 1, 0.91 at step 12, 1.00 from step 18 in one run).
+
+It runs with `--eval-interval 4` (issue 23's acceptance): eval rounds on the held-out prompts at
+steps 0, 4, ..., 24, whose reward rises with the train reward, in `metrics.jsonl` and in the
+report, which headless Chromium renders with the eval chart on it.
 """
 
 from __future__ import annotations
@@ -16,20 +20,38 @@ from pathlib import Path
 
 import pytest
 
+import numpy as np
+from PIL import Image
+
+from examples.quickstart.run import HELDOUT, HELDOUT_FILE, PROMPTS, eval_flags, write_prompts
 from tests.conftest import engine_flags
+from tests.test_ops import chromium_screenshot
 from vime.metrics_log import read_metrics
 
-pytestmark = pytest.mark.vllm
 
 REPO = Path(__file__).resolve().parent.parent
 
 
+def test_the_held_out_prompts_are_none_of_the_training_prompts_and_eval_interval_evaluates_on_them(tmp_path):
+    write_prompts(tmp_path / "prompts.jsonl")
+    write_prompts(tmp_path / HELDOUT_FILE, count=len(HELDOUT), phrases=HELDOUT)
+    texts = {name: {json.loads(line)["prompt"][0]["content"] for line in (tmp_path / name).read_text().splitlines()}
+             for name in ("prompts.jsonl", HELDOUT_FILE)}
+    assert len(texts[HELDOUT_FILE]) == 8 and not texts[HELDOUT_FILE] & texts["prompts.jsonl"]
+    assert not {p.split(" (")[0] for p in texts[HELDOUT_FILE]} & set(PROMPTS), "other requests, not other numbers"
+    assert eval_flags(["--eval-interval", "4"], tmp_path) == [
+        "--eval-prompt-data", "heldout", str(tmp_path / HELDOUT_FILE), "--n-samples-per-eval-prompt", "4"]
+    assert eval_flags(["--eval-interval", "4", "--eval-prompt-data", "mine", "m.jsonl"], tmp_path) == []
+    assert eval_flags([], tmp_path) == []
+
+
+@pytest.mark.vllm
 def test_the_quickstart_raises_mean_reward_to_0_9_within_10_minutes(training_server, tmp_path):
     run_dir = tmp_path / "quickstart"
     env = {**os.environ, "VIME_LOG_FORMAT": "json", "VIME_LOG_LEVEL": "WARNING"}
     t0 = time.monotonic()
     result = subprocess.run([sys.executable, "-m", "examples.quickstart.run", "--run-dir", str(run_dir),
-                             *engine_flags(training_server)],
+                             "--eval-interval", "4", *engine_flags(training_server)],
                             capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
     elapsed = time.monotonic() - t0
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
@@ -61,12 +83,36 @@ def test_the_quickstart_raises_mean_reward_to_0_9_within_10_minutes(training_ser
     assert listed["total"] == 64 and all(s["step"] == 23 for s in listed["samples"])
     (shown,) = json.loads(vime("show", "quickstart", listed["samples"][0]["key"], "--json"))
     assert shown["prompt"] and shown["response_tokens"] and shown["trained_step"] == 23
-    assert [m["step"] for m in read_metrics(run_dir)] == list(range(24)), "metrics.jsonl: one line per step"
+    metrics = read_metrics(run_dir)
+    assert [m["step"] for m in metrics] == list(range(25)), "metrics.jsonl: one line per step, and the last round"
+    assert metrics[24]["eval_only"] and "reward_mean" not in metrics[24]
+    rounds = {m["step"]: m for m in metrics if "eval/heldout/reward_mean" in m}
+    assert sorted(rounds) == [0, 4, 8, 12, 16, 20, 24]
+    assert all(r["eval/heldout/samples"] == 8 * 4 and r["eval/heldout/failed"] == 0 for r in rounds.values())
+    eval_reward = [rounds[s]["eval/heldout/reward_mean"] for s in sorted(rounds)]
+    assert eval_reward[0] < 0.5 and eval_reward[-1] >= eval_reward[0] + 0.3, f"held-out reward by round: {eval_reward}"
+    for step in sorted(rounds)[:-1]:  # the same policy (version k) on held-out and on training prompts
+        assert abs(rounds[step]["eval/heldout/reward_mean"] - rounds[step]["reward_mean"]) < 0.2, (step, eval_reward)
+    assert rounds[24]["eval/heldout/pass@4"] >= rounds[24]["eval/heldout/pass@1"]
+    assert f"eval heldout {eval_reward[0]:.2f} at step 0 -> {eval_reward[-1]:.2f} at step 24" in summary
     assert "(24 steps, " in vime("report", "quickstart")
-    assert 'aria-label="Mean reward"' in (run_dir / "report.html").read_text()
+    page = (run_dir / "report.html").read_text()
+    assert 'aria-label="Mean reward"' in page and 'aria-label="Eval reward beside train reward"' in page
+    assert ">eval heldout</text>" in page and ">eval heldout pass@4</text>" in page
+    assert "No failed eval sample in 7 round(s)." in page
+    png = tmp_path / "report.png"
+    chromium_screenshot(run_dir / "report.html", png, size="1200,760")  # the facts and the first row of charts
+    pixels = np.asarray(Image.open(png).convert("RGB"), dtype=int)
+    # the first row holds "Mean reward" (blue only) and the eval chart, whose eval series are red and green
+    for name, rgb in (("eval heldout", [0xD6, 0x27, 0x28]), ("eval heldout pass@4", [0x2C, 0xA0, 0x2C])):
+        drawn = int((np.abs(pixels - rgb).max(axis=2) < 30).sum())
+        assert drawn > 300, f"the {name} series covers {drawn} pixels of the report's first screen"
     before = vime("samples", "quickstart", "--json", "--limit", "0")
+    evals = json.loads(vime("samples", "quickstart", "--eval", "--json", "--limit", "0"))["total"]
+    assert evals == 7 * 8 * 4, "vime samples --eval: the rounds' samples, apart from the trained ones"
     rescored = json.loads(vime("rescore", "quickstart", "--custom-rm-path", "shorter_is_better.rm", "--json"))
-    assert rescored["written"] == rescored["samples"] == json.loads(before)["total"] and len(rescored["steps"]) == 24
+    stored = json.loads(before)["total"] + evals  # rescore scores the eval samples too
+    assert rescored["written"] == rescored["samples"] == stored and len(rescored["steps"]) == 24
     assert vime("samples", "quickstart", "--json", "--limit", "0") == before, "rescore changes no stored sample"
     again = json.loads(vime("rescore", "quickstart", "--custom-rm-path", "shorter_is_better.rm", "--json"))
     assert again["written"] == 0 and again["steps"] == rescored["steps"], "the same code again: a no-op"

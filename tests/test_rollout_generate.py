@@ -24,6 +24,7 @@ from vime.rollout.generate import close_engine_clients, generate, max_model_len,
 from vime.rollout.group import FAILED_REWARD, run_group
 from vime.rollout.sampling import sampling_params_from_args
 from vime.rollout.tokenization import get_tokenizer
+from vime.sample_summary import failure_class
 from vime.types import Sample
 
 _ids = itertools.count()
@@ -297,12 +298,14 @@ async def test_a_failed_generate_becomes_a_failed_sample(tmp_path, tiny_model_di
     assert "cannot reach vLLM at http://127.0.0.1:1" in down.metadata["infra_failure"]
     assert down.metadata["error"] == down.metadata["infra_failure"]
     assert down.rollout_id == "3" and down.prompt == "hi" and down.tokens == []
+    assert failure_class(down.status.value, down.metadata) == "infra"  # its class in eval figures
 
     args = args.replace(custom_generate_function_path=f"{mod}.buggy")
     [[broken]] = await run_group(args, [copy.deepcopy(original)])
     assert broken.status == Sample.Status.FAILED and broken.reward == FAILED_REWARD
     assert broken.metadata["error"] == "ValueError: the agent could not parse its own tool call"
     assert "infra_failure" not in broken.metadata
+    assert failure_class(broken.status.value, broken.metadata) == "generate_error"
 
     args = args.replace(custom_generate_function_path=f"{mod}.misconfigured")
     with pytest.raises(ConfigError, match="--my-flag is missing"):

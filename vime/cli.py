@@ -17,7 +17,8 @@ USAGE = """usage: vime <command> [flags]
 
 commands:
   train        start or resume a training run (Temporal, vLLM and workers are started as needed)
-  eval         evaluate an HF checkpoint or a run's checkpoints on eval sets (durable, resumable); a table
+  eval         evaluate an HF checkpoint or a run's checkpoints on eval sets (durable, resumable); a table;
+               --compare RUN_A RUN_B: two runs' recorded eval rounds side by side
   smoke        start the embedded Temporal + vLLM services and sample from the model once
   sft          supervised warm start on --sft-data traces (their loss_mask tokens); saves an HF model to --save
   engine       run one vLLM server with every flag vime needs (--engine-port; --print-command to see it)
@@ -86,6 +87,17 @@ def _operate(module: str, function: str) -> Callable[[list[str]], int]:
     return command
 
 
+def _eval(argv: list[str]) -> int:
+    """`vime eval`: evaluate (vime.launcher), or `--compare` two runs' recorded rounds (vime.ops)."""
+    if any(a == "--compare" or a.startswith("--compare=") for a in argv):
+        from vime.ops.eval_compare import compare_main
+
+        return compare_main(argv)
+    from vime.launcher.eval_launch import main
+
+    return main(argv)
+
+
 def _tiny_model(argv: list[str]) -> int:
     from vime.testing.tiny_model import main
 
@@ -94,7 +106,7 @@ def _tiny_model(argv: list[str]) -> int:
 
 COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": _train,
-    "eval": _operate("vime.launcher.eval_launch", "main"),
+    "eval": _eval,
     "smoke": _smoke,
     "sft": _sft,
     "engine": _engine,

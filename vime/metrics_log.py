@@ -1,5 +1,5 @@
 """Per-step metrics on disk: `<run_dir>/metrics.jsonl` always, TensorBoard event files under
-`<run_dir>/tensorboard` when the `tensorboard` package is installed.
+`<run_dir>/tensorboard` when the `tensorboard` package is installed (`pip install vime[tensorboard]`).
 
 One JSON object per finished step (reward, KL, entropy, response length, clip fraction, grad
 norm, staleness, seconds per phase, tokens/s, infra failures: whatever the step reported), in
@@ -9,9 +9,11 @@ restarted worker never duplicates a line. `vime report` reads this file.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,9 @@ from vime.log import get_logger
 log = get_logger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+BOOKKEEPING = frozenset({"step", "finished_at"})
+"""Keys of a metrics line that are not figures: no TensorBoard scalar (the step is the x axis)."""
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
@@ -61,16 +66,23 @@ class MetricsLog:
             return True
 
     def _to_tensorboard(self, step: int, metrics: dict[str, Any]) -> None:
+        """Each finite number as a scalar at `step` (eval figures too: `eval/<set>/reward_mean` at
+        the round's step). TensorBoard's own event writer, not torch's `SummaryWriter`: the rollout
+        worker that records metrics never imports torch (seconds of CPU, hundreds of MB)."""
         if self._tensorboard is None:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:  # no tensorboard package: the JSONL is the record
+            if importlib.util.find_spec("tensorboard") is None:  # the JSONL is the record
                 self._tensorboard = False
                 return
-            self._tensorboard = SummaryWriter(str(self.run_dir / "tensorboard"))
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            self._tensorboard = EventFileWriter(str(self.run_dir / TENSORBOARD_DIR))
         if self._tensorboard is False:
             return
-        for name, value in metrics.items():
-            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-                self._tensorboard.add_scalar(name, value, step)
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        values = [Summary.Value(tag=name, simple_value=float(value)) for name, value in metrics.items()
+                  if name not in BOOKKEEPING and isinstance(value, int | float) and not isinstance(value, bool)
+                  and math.isfinite(value)]
+        self._tensorboard.add_event(Event(wall_time=time.time(), step=step, summary=Summary(value=values)))
         self._tensorboard.flush()

@@ -24,6 +24,28 @@ def failure_of(status: str, metadata: dict) -> tuple[str, str]:
     return "", ""
 
 
+FAILURE_CLASSES = ("infra", "timeout", "reward_error", "generate_error", "aborted", "error")
+"""The classes of a sample with no reward (failed or aborted: what `vime samples --failed` lists),
+as metric names: `eval/<set>/failed/<class>`."""
+
+
+def failure_class(status: str, metadata: dict) -> str:
+    """The class of a sample that has no reward, one of `FAILURE_CLASSES`: infrastructure (vLLM,
+    a sandbox, a reward service: retried or weighted out), a hook that ran past its time limit, a
+    reward or a generate hook that raised, an aborted generation; `error` for anything else.
+    `failure_of` says the same in words (with the hook's name), for people; this is its key."""
+    if metadata.get("infra_failure"):
+        return "infra"
+    if status == "aborted":
+        return "aborted"
+    error, source = str(metadata.get("error") or ""), str(metadata.get("error_source") or "")
+    if error.startswith("HookTimeout") or " timed out after " in error:
+        return "timeout"
+    if source.startswith(("--custom-rm-path", "environment reward")):
+        return "reward_error"
+    return "generate_error" if error else "error"
+
+
 def versions_text(weight_versions: list) -> str:
     """`3`, or `3-4` when the response spans a weight update (an agent session)."""
     found = []

@@ -20,17 +20,32 @@ from examples.quickstart.plot import plot_curve
 from vime.errors import VimeError
 from vime.log import configure_logging
 from vime.config.preflight import checked_args
+from vime.rollout.eval_metrics import round_sets
 from vime.rundir import refuse_if_held
 
 PROMPTS = ["Write a title.", "Name a city.", "Say something.", "Describe the sea.", "Give a command.",
            "Tell me a fact.", "Write a headline.", "Name a river."]
+# held-out prompts: other requests, none of them a training prompt, so an eval round measures
+# whether what the policy learned (capitals) carries over to prompts it never trained on
+HELDOUT = ["Name a mountain.", "Write a slogan.", "Describe the sky.", "Give a warning.", "Tell me a rule.",
+           "Name a song.", "Write a caption.", "Say a greeting."]
+HELDOUT_FILE, HELDOUT_SAMPLES = "heldout.jsonl", "4"
 
 
-def write_prompts(path: Path, count: int = 64) -> None:
+def write_prompts(path: Path, count: int = 64, phrases: list[str] = PROMPTS) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for i in range(count):
-            f.write(json.dumps({"prompt": [{"role": "user", "content": f"{PROMPTS[i % len(PROMPTS)]} ({i})"}]}) + "\n")
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"{phrases[i % len(phrases)]} ({i})"}]}) + "\n")
+
+
+def eval_flags(argv: list[str], run_dir: Path) -> list[str]:
+    """With `--eval-interval N` and no eval set given: evaluate on the held-out prompts written
+    beside the training prompts (set `heldout`, 4 samples per prompt unless given, for pass@4)."""
+    if "--eval-interval" not in argv or "--eval-prompt-data" in argv:
+        return []
+    samples = [] if "--n-samples-per-eval-prompt" in argv else ["--n-samples-per-eval-prompt", HELDOUT_SAMPLES]
+    return ["--eval-prompt-data", "heldout", str(run_dir / HELDOUT_FILE), *samples]
 
 
 def default_flags(run_dir: Path, model: str) -> list[str]:
@@ -89,6 +104,7 @@ def prepare(argv: list[str], name: str) -> tuple[Path, str]:
         print(f"[{name}] building (or reusing) the tiny test model")
         model = str(tiny_model_dir())
     write_prompts(run_dir / "prompts.jsonl")
+    write_prompts(run_dir / HELDOUT_FILE, count=len(HELDOUT), phrases=HELDOUT)
     return run_dir, model
 
 
@@ -97,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     run_dir, model = prepare(argv, "quickstart")
     try:
-        args = checked_args(default_flags(run_dir, model) + argv)
+        args = checked_args(default_flags(run_dir, model) + argv + eval_flags(argv, run_dir))
     except VimeError as e:
         print(f"quickstart: error: {e}", file=sys.stderr)
         return 2
@@ -113,14 +129,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summarize(name: str, run_dir: Path, metrics: list[dict], seconds: float, extra: str = "") -> None:
-    """Plot the reward curve and print (and write to `summary.txt`) the run's one-line summary."""
-    rewards = [m["reward_mean"] for m in metrics]
+    """Plot the reward curve and print (and write to `summary.txt`) the run's one-line summary,
+    with each eval set's reward at the first and the last round when the run evaluated."""
+    rewards = [m["reward_mean"] for m in metrics if not m.get("eval_only")]
     plot_curve(rewards, run_dir / "reward_curve.png", title=f"{name}: mean reward per step")
     first, last = rewards[0], sum(rewards[-3:]) / len(rewards[-3:])
     line = (f"{name}: mean reward {first:.2f} at step 1 -> {last:.2f} over the last 3 steps, {len(rewards)} steps"
-            f"{extra}, this launch took {seconds:.0f} s; curve: {run_dir / 'reward_curve.png'}")
+            f"{extra}{eval_summary(metrics)}, this launch took {seconds:.0f} s; curve: {run_dir / 'reward_curve.png'}")
     (run_dir / "summary.txt").write_text(line + "\n")
     print(line)
+
+
+def eval_summary(metrics: list[dict]) -> str:
+    """`; eval heldout 0.21 at step 0 -> 0.93 at step 24` per eval set; "" without eval rounds."""
+    parts = []
+    for name in sorted({name for m in metrics for name in round_sets(m)}):
+        key = f"eval/{name}/reward_mean"
+        rounds = [m for m in metrics if isinstance(m.get(key), int | float)]
+        if rounds:
+            parts.append(f"; eval {name} {rounds[0][key]:.2f} at step {rounds[0]['step']} -> "
+                         f"{rounds[-1][key]:.2f} at step {rounds[-1]['step']}")
+    return "".join(parts)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ from vime.temporal.eval_contract import EvalCheckpoint
 USAGE = """usage: vime eval --hf-checkpoint DIR --eval-prompt-data NAME FILE [NAME FILE ...] [vime flags]
        vime eval --hf-checkpoint DIR --eval-config FILE [vime flags]
        vime eval RUN_DIR [--checkpoints all|last|STEP[,STEP...]] [--eval-prompt-data ... | --eval-config FILE]
-                 [vime flags]"""
+                 [vime flags]
+       vime eval --compare RUN_A RUN_B [--json]"""
 NO_SETS = ("vime eval needs --eval-prompt-data NAME FILE [NAME FILE ...] or --eval-config FILE: the sets to "
            "evaluate on")
 EVAL_SET_FLAGS = {"--eval-prompt-data": None, "--eval-config": 1, "--eval-config-data": 1}

@@ -21,6 +21,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 
 from vime.launcher.eval_command import EvalCommand, parse_eval_command
 from vime.config.run_input import training_config
+from vime.rollout.eval_metrics import failures_text, round_sets, top_pass
 from vime.launcher.launch import Launch, _describe, _failure, resume_command, run_to_end
 from vime.launcher.supervisor import WorkerProcess
 from vime.temporal.eval_contract import EVAL_WORKFLOW, SERVERS_LOST_SIGNAL, EvalRunInput, eval_workflow_id
@@ -33,19 +34,22 @@ _ENDED = {WorkflowExecutionStatus.FAILED, WorkflowExecutionStatus.TERMINATED, Wo
 
 def eval_table(metrics: list[dict]) -> str:
     """One row per checkpoint and eval set: mean reward, pass@1, pass@k of the most samples per
-    prompt, mean response length, samples and failures."""
+    prompt, mean response length, samples and failures (by class)."""
     rows = [("checkpoint", "step", "set", "reward", "pass@1", "pass@k", "len", "samples", "failed")]
     for m in metrics:
-        sets = sorted({k.split("/")[1] for k in m if k.startswith("eval/") and k.endswith("/samples")})
-        for name in sets:
+        for name in round_sets(m):
             def fig(key: str, fmt: str = "{:.3f}") -> str:
                 value = m.get(f"eval/{name}/{key}")
                 return "-" if value is None else fmt.format(value)
-            ks = sorted(int(k.rsplit("@", 1)[1]) for k in m if k.startswith(f"eval/{name}/pass@"))
-            top = f"{m[f'eval/{name}/pass@{ks[-1]}']:.3f} (k={ks[-1]})" if ks else "-"
+            top = top_pass(m, name)
             rows.append((str(m.get("eval_checkpoint", m["step"])), str(m["step"]), name, fig("reward_mean"),
-                         fig("pass@1"), top, fig("response_length_mean", "{:.1f}"), fig("samples", "{}"),
-                         fig("failed", "{}")))
+                         fig("pass@1"), f"{top[1]:.3f} (k={top[0]})" if top else "-",
+                         fig("response_length_mean", "{:.1f}"), fig("samples", "{}"), failures_text(m, name)))
+    return text_table(rows)
+
+
+def text_table(rows: list[tuple[str, ...]]) -> str:
+    """Rows of cells as left-aligned columns, the first row the header."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 

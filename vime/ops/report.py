@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from vime.rollout.eval_metrics import failures_by_class, round_sets
 from vime.sample_summary import failure_of, preview
 from vime.store import SampleStore
 from vime.store.models import RunRow, SampleRow
@@ -98,6 +99,18 @@ def eval_curves(metrics: list[dict]) -> str:
     return svg_chart("Eval reward beside train reward", [s for s in series if s[1]])
 
 
+def _eval_failures(metrics: list[dict]) -> list[str]:
+    """The eval rounds' failed samples by class, per round and set (none: one line saying so)."""
+    rounds = [m for m in metrics if round_sets(m)]
+    if not rounds:
+        return []
+    rows = [[m["step"], name, cls, count] for m in rounds for name in round_sets(m)
+            for cls, count in failures_by_class(m, name).items()]
+    return ["<h2>Eval failures by class</h2>",
+            _table(["round (step)", "set", "failure", "samples"], rows) if rows else
+            f"<p>No failed eval sample in {len(rounds)} round(s).</p>"]
+
+
 def render_html(data: RunData) -> str:
     charts = [chart for title, keys in CHARTS if (chart := _metric_chart(title, keys, data.metrics))]
     if curves := eval_curves(data.metrics):
@@ -118,6 +131,7 @@ def render_html(data: RunData) -> str:
         "<p>No per-step metrics: this run wrote no metrics.jsonl (runs before vime wrote one, or no finished step).</p>",
         "<h2>Reward distribution per step</h2>", _reward_distribution(data.rewards_by_step),
         "<h2>Failure classes</h2>", _table(["failure", "samples"], data.failures.most_common()),
+        *_eval_failures(data.metrics),
         "<h2>Longest responses</h2>", _sample_table(data.longest),
         "<h2>Lowest rewards</h2>", _sample_table(data.lowest),
     ]

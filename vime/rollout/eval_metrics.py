@@ -6,7 +6,9 @@ pass, the chance that k of them drawn without replacement hold at least one pass
 up to the samples per prompt, and for k = n itself. A sample passes when its reward reaches 1
 (full marks: 0/1 and -1/1 rewards alike; partial credit does not pass). A sample without a
 scalar reward (failed: its generate or reward hook raised) counts as reward 0, not passed, and
-is counted in `failed`, so a broken hook shows instead of quietly raising the mean.
+is counted in `failed`, so a broken hook shows instead of quietly raising the mean, and in
+`failed/<class>` by its failure class (`vime.sample_summary.failure_class`: infra, timeout,
+reward_error, ...; only the classes that occurred), so the figure says what to fix.
 
 Pure functions, standard library only: the metrics activity and the tests call them on plain values.
 """
@@ -14,7 +16,7 @@ Pure functions, standard library only: the metrics activity and the tests call t
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 PASS_REWARD = 1.0
@@ -28,6 +30,7 @@ class ScoredSample:
     reward: float | None  # the scalar reward (`--reward-key` applied); None when there is none
     status: str  # Sample.Status value: completed, truncated, failed, ...
     response_length: int
+    failure: str = ""  # its failure class (`failure_class`), read only when it has no reward
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -66,6 +69,10 @@ def set_metrics(samples: Iterable[ScoredSample]) -> dict[str, float | int]:
         "samples": len(samples),
         "prompts": len(by_prompt),
     }
+    for s in samples:
+        if s.reward is None:
+            key = f"failed/{s.failure or 'error'}"
+            out[key] = out.get(key, 0) + 1
     for k in reported_ks(max(len(g) for g in by_prompt.values())):
         estimates = [pass_at_k(len(g), sum(map(passed, g)), k) for g in by_prompt.values() if len(g) >= k]
         out[f"pass@{k}"] = sum(estimates) / len(estimates)
@@ -76,3 +83,30 @@ def round_metrics(by_set: dict[str, Iterable[ScoredSample]]) -> dict[str, float 
     """A round's figures, flat, as `metrics.jsonl` keys them: `eval/<set>/<figure>`."""
     return {f"eval/{name}/{key}": value for name, samples in by_set.items()
             for key, value in set_metrics(samples).items()}
+
+
+def round_sets(figures: Mapping[str, object]) -> list[str]:
+    """The eval sets of a round's flat figures (a `metrics.jsonl` line, a recorded round)."""
+    return sorted({k.split("/")[1] for k in figures if k.startswith("eval/") and k.endswith("/samples")})
+
+
+def top_pass(figures: Mapping[str, object], name: str) -> tuple[int, float] | None:
+    """`(k, pass@k)` of set `name` for the largest k reported, None when there is none."""
+    ks = sorted(int(k.rsplit("@", 1)[1]) for k in figures if k.startswith(f"eval/{name}/pass@"))
+    return (ks[-1], float(figures[f"eval/{name}/pass@{ks[-1]}"])) if ks else None
+
+
+def failures_by_class(figures: Mapping[str, object], name: str) -> dict[str, int]:
+    """Set `name`'s failed samples by class, most first: `{"infra": 2, "timeout": 1}`."""
+    prefix = f"eval/{name}/failed/"
+    found = {k.removeprefix(prefix): int(v) for k, v in figures.items() if k.startswith(prefix)}
+    return dict(sorted(found.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def failures_text(figures: Mapping[str, object], name: str) -> str:
+    """`3 (infra 2, timeout 1)`, `0`, or `-` for a round recorded without the count."""
+    failed = figures.get(f"eval/{name}/failed")
+    if failed is None:
+        return "-"
+    classes = failures_by_class(figures, name)
+    return f"{failed} ({', '.join(f'{c} {n}' for c, n in classes.items())})" if classes else str(failed)
