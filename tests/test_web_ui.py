@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import io
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -141,7 +142,8 @@ def test_the_web_ui_start_form_trains_a_run_once_and_a_second_submit_trains_noth
     line saying the run already finished, and neither a trainer call nor anything in the store.
     Then a start from the same JSON (step 0) of a run whose end the store does not hold (a vime
     before the record) resumes where the store's trained steps and checkpoint say: step 2 of 2,
-    nothing trained either."""
+    nothing trained either; and one whose last checkpoint was never saved (its workflow failed
+    after training step 1) trains step 1 once more on checkpoint 1's lineage and saves step 2's."""
     run_dir = tmp_path / "runs" / FORM_RUN
     store_url = f"sqlite:///{run_dir / 'vime.db'}"
     t0 = time.monotonic()
@@ -158,8 +160,8 @@ def test_the_web_ui_start_form_trains_a_run_once_and_a_second_submit_trains_noth
                                         stderr=subprocess.STDOUT) for kind in ("rollout", "trainer")]
         try:
             run_json = to_json(workflow_input(parse_args(flags)))  # what `vime config FLAGS > run.json` writes
-            first, again, status, behind, t_first = asyncio.run(
-                _three_starts(temporal, run_json, tmp_path, lambda: stored_record(store_url, run_dir)))
+            first, again, status, behind, unsaved, t_first = asyncio.run(
+                _starts(temporal, run_json, tmp_path, lambda: stored_record(store_url, run_dir)))
         finally:
             for worker in workers:
                 worker.send_signal(signal.SIGTERM)
@@ -182,11 +184,19 @@ def test_the_web_ui_start_form_trains_a_run_once_and_a_second_submit_trains_noth
     assert state.step == 2 and state.weight_version == 2 and "resuming at step 2" in memo["notice"], memo
     assert not TRAINER_CALLS & set(activities), activities
     assert after == record
-    print(f"\n[web ui form] a run started from the form, trained in {t_first:.0f} s; two more starts trained "
-          f"nothing; {time.monotonic() - t0:.0f} s in all")
+
+    (state, memo, activities, after) = unsaved
+    assert (state.step, state.weight_version, state.checkpoint_step) == (2, 2, 2)
+    assert "resuming at step 1" in memo["notice"], memo
+    assert [a for a in activities if a in TRAINER_CALLS] == ["pick_trainer", "attach_trainer", "sync_weights",
+                                                            "train_step", "sync_weights", "save_checkpoint"]
+    assert after == record  # step 1 trained once more on checkpoint 1's lineage, its checkpoint saved again
+    print(f"\n[web ui form] a run started from the form, trained in {t_first:.0f} s; a second submit and a start "
+          f"behind the store trained nothing, a start after a lost checkpoint trained 1 step; "
+          f"{time.monotonic() - t0:.0f} s in all")
 
 
-async def _three_starts(temporal: TemporalDevServer, run_json: str, tmp_path, record):
+async def _starts(temporal: TemporalDevServer, run_json: str, tmp_path, record):
     client = await Client.connect(temporal.address)
     wid = f"train-{FORM_RUN}"
     t0 = time.monotonic()
@@ -199,13 +209,26 @@ async def _three_starts(temporal: TemporalDevServer, run_json: str, tmp_path, re
         again_id, *again = await next_execution(client, wid, first_id, timeout=120)
     again = (*again, record())
     status = await asyncio.to_thread(vime_status, FORM_RUN, tmp_path / "runs" / FORM_RUN, temporal.address)
-    with SampleStore.open(f"sqlite:///{tmp_path / 'runs' / FORM_RUN / 'vime.db'}") as store:  # as a vime before 0006 left it
-        with store.engine.begin() as conn:
-            conn.execute(update(RunRow).where(RunRow.run_id == FORM_RUN).values(finished=None))
+    store_url = f"sqlite:///{tmp_path / 'runs' / FORM_RUN / 'vime.db'}"
+    forget_the_end(store_url)  # as a vime before migration 0006 left it
     # what the form does, through the client: Temporal's default id-reuse policy, the JSON as the input
     await client.start_workflow("TrainingWorkflow", json.loads(run_json), id=wid, task_queue="vime-rollout")
-    _, *behind = await next_execution(client, wid, again_id, timeout=120)
-    return first, again, status, (*behind, record()), t_first
+    behind_id, *behind = await next_execution(client, wid, again_id, timeout=120)
+    behind = (*behind, record())
+    # as a workflow that failed after training its last step, before saving its checkpoint, leaves it
+    ckpt = tmp_path / "runs" / "ckpt"
+    shutil.rmtree(ckpt / "step_000002")
+    (ckpt / "latest").write_text("step_000001")
+    forget_the_end(store_url, checkpoint={"step": 1, "path": str(ckpt / "step_000001"), "weight_version": 1,
+                                          "data_position": 2})
+    await client.start_workflow("TrainingWorkflow", json.loads(run_json), id=wid, task_queue="vime-rollout")
+    _, *unsaved = await next_execution(client, wid, behind_id, timeout=300)
+    return first, again, status, behind, (*unsaved, record()), t_first
+
+
+def forget_the_end(store_url: str, **values) -> None:
+    with SampleStore.open(store_url) as store, store.engine.begin() as conn:
+        conn.execute(update(RunRow).where(RunRow.run_id == FORM_RUN).values(finished=None, **values))
 
 
 def vime_status(run_id: str, run_dir, address: str) -> str:
