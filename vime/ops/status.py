@@ -25,7 +25,7 @@ async def live_progress(address: str, namespace: str, run_id: str) -> dict:
     client = await connect(address, namespace)
     handle = client.get_workflow_handle(f"train-{run_id}")
     described = await handle.describe()
-    if described.status.name != "RUNNING":  # its memo's notice says why it ended as it did (a finished run started again)
+    if described.status.name != "RUNNING":  # its memo's notice: why it ended so (a finished run started again)
         notice = (await described.memo()).get("notice")
         return {"workflow": described.status.name.lower(), **({"notice": notice} if notice else {})}
     try:  # answered by a worker of the run: none when no launch (or worker pool) is up
