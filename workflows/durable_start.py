@@ -62,7 +62,8 @@ def finished_state(record: RunRecord) -> TrainingState | None:
 
 
 def finished_line(cfg: TrainingConfig, state: TrainingState) -> str:
-    return (f"run {cfg.run_id} already finished {state.step} steps; nothing trained. Start a new --run-id "
+    steps = f"{state.step} step" + ("" if state.step == 1 else "s")
+    return (f"run {cfg.run_id} already finished {steps}; nothing trained. Start a new --run-id "
             f"(with --load {cfg.save or 'CHECKPOINT_DIR'} to start from its weights) to train more")
 
 
