@@ -2,7 +2,7 @@
 
     .venv/bin/python -m tests.record_histories [OUT_DIR] [RUN ...]   (default: tests/data/histories, all)
 
-Three real runs on the tiny model, one vLLM CPU server shared by them (~5 minutes):
+Four real runs on the tiny model, one vLLM CPU server shared by them (~6 minutes):
 - `quickstart`: a quickstart-shaped GRPO run with `--max-staleness 1` that continues as new every
   2 steps (prefetched steps handed over), and one of its RolloutWorkflows;
 - `restarted-trainer`: a run whose trainer worker is killed with SIGKILL after its first step;
