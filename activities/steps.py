@@ -6,7 +6,8 @@ workflow state stay the same size whatever the batch size. `record_step` writes 
 trains each step on exactly what it trained on before); `recorded_steps` tells a starting
 workflow which of its next steps are already recorded — the prefetched steps handed over by a
 continue-as-new, or the steps a failed run had collected — so they are trained, not collected
-again.
+again. `run_record` tells it what the store holds of the run (steps trained, the newest
+checkpoint, whether it finished: `workflows/durable_start.py`), and `record_finished` marks its end.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from temporalio import activity
 from vime.temporal.retry import final_config_errors
 from vime.temporal.store_calls import store_call
 from vime.store import SampleStore
-from workflows.steps import RECORD_STEP, RECORDED_STEPS, RecordedStep, RecordedStepsInput, StepRecord
+from workflows.steps import (RECORD_FINISHED, RECORD_STEP, RECORDED_STEPS, RUN_RECORD, FinishedRun, RecordedStep,
+                            RecordedStepsInput, RunRecord, StepRecord)
 
 
 class StepActivities:
@@ -49,8 +51,26 @@ class StepActivities:
 
         return await store_call(read)
 
+    @activity.defn(name=RUN_RECORD)
+    @final_config_errors
+    async def run_record(self, run_id: str) -> RunRecord:
+        def read() -> RunRecord:
+            trained = self.store.trained_counts(run_id)
+            steps = max(trained) + 1 if trained else 0
+            last = self.store.read_step_manifest(run_id, steps - 1) if steps else None
+            progress = self.store.run_progress(run_id)
+            return RunRecord(steps, _recorded(last).next_position if last else 0, progress.checkpoint,
+                             progress.finished)
+
+        return await store_call(read)
+
+    @activity.defn(name=RECORD_FINISHED)
+    @final_config_errors
+    async def record_finished(self, inp: FinishedRun) -> None:
+        await store_call(self.store.record_finished, inp.run_id, inp.state)
+
     def all(self) -> list:
-        return [self.record_step, self.recorded_steps]
+        return [self.record_step, self.recorded_steps, self.run_record, self.record_finished]
 
 
 def _recorded(manifest) -> RecordedStep:

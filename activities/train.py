@@ -24,6 +24,7 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
 from vime.temporal.retry import final_config_errors
 from vime.temporal.heartbeat import heartbeating
+from vime.temporal.store_calls import store_call
 from vime.engine.weight_sync import live_weights
 from vime.engine.health import wait_until_healthy
 from vime.engine.weight_sync.sync import WeightSync
@@ -161,9 +162,16 @@ class TrainerActivities:
 
     @activity.defn(name=SAVE_CHECKPOINT)
     async def save_checkpoint(self, inp: SaveInput) -> str:
+        """Save the checkpoint and record it in the store: a later start of the run from an older
+        state (the Web UI's form with the run's `vime config` JSON) resumes from it
+        (`workflows/durable_start.py`)."""
         state = {"run_id": inp.run_id, "step": inp.step, "weight_version": inp.weight_version,
                  "data_position": inp.data_position}
-        return await self._run("save", inp.root, state)
+        path = await self._run("save", inp.root, state)
+        if path:
+            await store_call(self.group.store.record_checkpoint, inp.run_id, inp.step, path,
+                             weight_version=inp.weight_version, data_position=inp.data_position)
+        return path
 
     def all(self) -> list:
         return [self.attach_trainer, self.train_step, self.sync_weights, self.save_checkpoint, self.release_trainer]

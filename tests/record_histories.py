@@ -2,12 +2,14 @@
 
     .venv/bin/python -m tests.record_histories [OUT_DIR] [RUN ...]   (default: tests/data/histories, all)
 
-Three real runs on the tiny model, one vLLM CPU server shared by them (~5 minutes):
+Four real runs on the tiny model, one vLLM CPU server shared by them (~6 minutes):
 - `quickstart`: a quickstart-shaped GRPO run with `--max-staleness 1` that continues as new every
   2 steps (prefetched steps handed over), and one of its RolloutWorkflows;
 - `restarted-trainer`: a run whose trainer worker is killed with SIGKILL after its first step;
 - `agent`: a coding-agent run (`--rollout-env coding_agent`: bubblewrap sandboxes, the built-in
-  agent), one of its CodingAgentGroupWorkflows and one of its agent rollouts.
+  agent), one of its CodingAgentGroupWorkflows and one of its agent rollouts;
+- `started-again`: a one-step run that records its end in the store, then the same workflow id
+  started again with its `vime config` input (as the Web UI's form does), which trains nothing.
 
 Name runs (`agent`) to record only those.
 
@@ -22,6 +24,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -31,7 +34,9 @@ from temporalio.client import Client
 from examples.coding_agent_rl.gold_edits import write_prompts
 from examples.coding_agent_rl.tasks.prepare import load_tasks
 from tests.conftest import engine_flags
-from tests.runs import TrainRun
+from tests.runs import REPO, TrainRun
+from vime.config.args import parse_args
+from vime.config.run_input import to_json, workflow_input
 from vime.engine.server import VLLMServer
 from vime.engine.weight_sync.protocol import weight_sync_server_args
 from vime.temporal.dev_server import TemporalDevServer
@@ -77,6 +82,8 @@ def record(out: Path, only: set[str] | None = None) -> None:
             files += record_restarted(work, model, flags, out)
         if not only or "agent" in only:
             files += record_agent(work, model, flags, out)
+        if not only or "started-again" in only:
+            files += record_started_again(work, model, flags, out)
     for path in files:
         print(f"{path} ({path.stat().st_size // 1024} KiB)")
 
@@ -108,6 +115,32 @@ def record_agent(work: Path, model: Path, flags: list[str], out: Path) -> list[P
                      run="agent")
     assert agent.run_to_end() == 0, agent.tail()
     return asyncio.run(dump(agent, out, "agent", ("CodingAgentGroupWorkflow", "CodingAgentRolloutWorkflow")))
+
+
+def record_started_again(work: Path, model: Path, flags: list[str], out: Path) -> list[Path]:
+    run = TrainRun(work / "again", model, *flags, steps=1, run="again")
+    assert run.run_to_end() == 0, run.tail()
+    run_flags = run.argv[run.argv.index("train") + 1:]
+    asyncio.run(start_again(run, run_flags))
+    return asyncio.run(dump(run, out, "started-again", ()))
+
+
+async def start_again(run: TrainRun, run_flags: list[str]) -> None:
+    """`train-<run>` started once more, on a rollout worker of the run, with Temporal's default
+    id-reuse policy; it completes at once (the store says the run finished)."""
+    with TemporalDevServer(run.run_dir, headless=True) as server:
+        worker = subprocess.Popen([sys.executable, "-m", "workers.rollout", *run_flags, "--temporal-address",
+                                   server.address], cwd=REPO, env=run.env)
+        try:
+            client = await Client.connect(server.address)
+            inp = json.loads(to_json(workflow_input(parse_args(run_flags))))
+            handle = await client.start_workflow("TrainingWorkflow", inp, id=f"train-{run.run_id}",
+                                                 task_queue="vime-rollout")
+            await handle.result()
+            assert "already finished" in (await (await handle.describe()).memo())["notice"]
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(60)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Workflow code stays replayable: histories recorded from real runs (a quickstart-shaped run that
-continued as new with prefetched steps, a run whose trainer was killed, an agent rollout) are
+continued as new with prefetched steps, a run whose trainer was killed, an agent rollout, a
+finished run started again, which trains nothing) are
 replayed by Temporal's `Replayer` against the current workflow definitions. A change that makes
 a workflow take another path on the same history — non-determinism, which would break every run
 in flight — fails here. Recorded by `python -m tests.record_histories` (see there)."""

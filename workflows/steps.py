@@ -8,6 +8,8 @@ from typing import Any
 RECORD_STEP = "record_step"
 RECORDED_STEPS = "recorded_steps"
 REGISTER_RUN = "register_run"
+RUN_RECORD = "run_record"
+RECORD_FINISHED = "record_finished"
 
 
 @dataclass
@@ -42,6 +44,25 @@ class RecordedStep:
     rollouts: int
     weight_version: int
     failed_samples: int = 0  # samples a hook failed while the step was collected (its groups dropped)
+
+
+@dataclass
+class RunRecord:
+    """What the store durably holds of a run when its training workflow starts (`run_record`);
+    `workflows.durable_start` decides from it where the run resumes, or that it finished."""
+
+    trained_steps: int = 0  # steps 0 .. trained_steps - 1 were trained (their samples marked)
+    next_position: int = 0  # the data position after the last trained step's groups
+    checkpoint: dict[str, Any] | None = None  # the newest checkpoint: step, path, weight_version, data_position
+    finished: dict[str, Any] | None = None  # the state the run finished with (TrainingState's fields)
+
+
+@dataclass
+class FinishedRun:
+    """A run's end, recorded in the store (`record_finished`): later starts of it train nothing."""
+
+    run_id: str
+    state: dict[str, Any]
 
 
 RECORD_METRICS = "record_metrics"

@@ -31,6 +31,11 @@ Crash model:
   from the last checkpoint; steps already recorded are trained on their manifests, not sampled
   again (`recorded_steps`).
 
+A start never retrains what the store recorded (`workflows.durable_start`): a run the store says
+finished completes at once with its finished state, training nothing (a second Start Workflow in
+the Web UI, or `temporal workflow start` again, with Temporal's default id-reuse policy), and an
+input state behind the store's trained steps resumes where the store says the run stands.
+
 Continue-as-new (when Temporal suggests it, or every `continue_as_new_after_steps` steps): no
 new rollouts start, the prefetched steps in flight finish and record their manifests, and the
 next run finds them with `recorded_steps`: nothing is lost or collected twice.
@@ -64,7 +69,10 @@ with workflow.unsafe.imports_passed_through():
     import vime.temporal.group_contract  # noqa: F401
     import workflows.rollout  # noqa: F401
     import workflows.trainer_calls  # noqa: F401
-    from workflows.steps import RECORD_METRICS, REGISTER_RUN, RunRegistration, StepMetrics
+    from vime.temporal.retry import rollout_retry_policy
+    from workflows.durable_start import finished_line, finished_record, finished_state, resume_point
+    from workflows.steps import (RECORD_FINISHED, RECORD_METRICS, REGISTER_RUN, RUN_RECORD, FinishedRun,
+                                 RunRecord, RunRegistration, StepMetrics)
     from workflows.trainer_session import TrainerSession
 
 __all__ = ["TrainingWorkflow", "TrainingConfig", "TrainingInput", "TrainingState", "failure_message",
@@ -74,6 +82,8 @@ KEEP_METRICS = 100
 METRICS_FILE_PATCH = "metrics-jsonl"  # workflows recorded before metrics.jsonl replay without it
 REGISTER_RUN_PATCH = "register-run"  # workflows recorded before runs carried their flags
 RESYNC_PATCH = "resync-while-collecting"  # workflows recorded before a lost trainer was re-attached at once
+DURABLE_START_PATCH = "durable-start"  # workflows recorded before a start read the store's record of its run
+RECORD_FINISHED_PATCH = "record-finished"  # workflows recorded before a run's end was recorded in the store
 KEEP_NOTICES = 20
 T = TypeVar("T")
 
@@ -139,6 +149,8 @@ class TrainingWorkflow:
         self.evals.begin(cfg, self.state)
         workflow.upsert_search_attributes([RUN_ID.value_set(cfg.run_id), ROLLOUT_STATUS.value_set("training")])
         await self._register_run()
+        if (finished := await self._durable_start()) is not None:
+            return finished
         await self.rollouts.find_recorded()
         steps_this_run = 0
         if self.state.step < cfg.num_rollout:  # attaching syncs the servers: no rollout before that
@@ -178,6 +190,7 @@ class TrainingWorkflow:
                 {"step": cfg.num_rollout, "eval_only": True, "weight_version": self.state.weight_version,
                  "finished_at": workflow.now().timestamp(), **final}))
         await self.trainer.release()
+        await self._record_finished()
         self.phase = "done"
         workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("done")])
         return self.state
@@ -206,6 +219,46 @@ class TrainingWorkflow:
                                                 start_to_close_timeout=timedelta(seconds=120))
             except ActivityError as e:  # the run's flags are bad: say what the check said, as the message
                 raise final_error(root_message(e)) from e
+
+    async def _durable_start(self) -> TrainingState | None:
+        """Start where the store says the run stands (`workflows.durable_start`): the finished
+        state when the run already finished (then nothing is trained and no trainer attached);
+        else None, the state moved past the steps the store records as trained when the input
+        was behind them. A continue-as-new's input is this workflow's own state: not checked."""
+        if workflow.info().continued_run_id is not None or not workflow.patched(DURABLE_START_PATCH):
+            return None
+        record = await workflow.execute_activity(
+            RUN_RECORD, self.cfg.run_id, result_type=RunRecord, task_queue=self.cfg.rollout_task_queue,
+            start_to_close_timeout=timedelta(seconds=120), retry_policy=rollout_retry_policy())
+        finished = finished_state(record)
+        if finished is not None:
+            self.state, self.phase = finished, "done"
+            self._tell(finished_line(self.cfg, finished))
+            workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("done")])
+            return finished
+        resume = resume_point(self.cfg, self.state, record)
+        if resume is not None:  # in place: the trainer session, step collection and eval rounds hold this state
+            self.state.step, self.state.weight_version = resume.step, resume.weight_version
+            self.state.data_position = resume.data_position
+            self.state.checkpoint_step, self.state.checkpoint = resume.checkpoint_step, resume.checkpoint
+            self._tell(resume.line)
+        return None
+
+    async def _record_finished(self) -> None:
+        """The store records the run's end: a later start of it trains nothing (`_durable_start`)."""
+        if workflow.patched(RECORD_FINISHED_PATCH):
+            await workflow.execute_activity(
+                RECORD_FINISHED, FinishedRun(self.cfg.run_id, finished_record(self.state)),
+                task_queue=self.cfg.rollout_task_queue, start_to_close_timeout=timedelta(seconds=120),
+                retry_policy=rollout_retry_policy())
+
+    def _tell(self, line: str) -> None:
+        """A line about the whole run, for every place a user looks: the console and `vime status`
+        (the `progress` query's notices, the memo once it ended), the Web UI (memo, details)."""
+        self.notice(line)
+        workflow.upsert_memo({"notice": line})
+        workflow.set_current_details(line)
+        workflow.logger.warning(line)
 
     async def _continue_as_new(self) -> None:
         """No new rollouts start; the steps collected ahead finish and record their manifests (the

@@ -25,8 +25,9 @@ async def live_progress(address: str, namespace: str, run_id: str) -> dict:
     client = await connect(address, namespace)
     handle = client.get_workflow_handle(f"train-{run_id}")
     described = await handle.describe()
-    if described.status.name != "RUNNING":
-        return {"workflow": described.status.name.lower()}
+    if described.status.name != "RUNNING":  # its memo's notice: why it ended so (a finished run started again)
+        notice = (await described.memo()).get("notice")
+        return {"workflow": described.status.name.lower(), **({"notice": notice} if notice else {})}
     try:  # answered by a worker of the run: none when no launch (or worker pool) is up
         progress = await handle.query(PROGRESS_QUERY, rpc_timeout=timedelta(seconds=QUERY_TIMEOUT_S))
     except RPCError as e:
@@ -90,6 +91,7 @@ def _line(s: dict) -> str:
     if workflow:  # it ended: say how, from Temporal
         return (f"run {s['run_id']}: its workflow {workflow} at {where}{reward}"
                 + ("" if workflow == "completed" else "; the same `vime train` command, or `temporal workflow "
-                   "start` with its `vime config` JSON, starts it again from its last checkpoint"))
+                   "start` with its `vime config` JSON, starts it again from its last checkpoint")
+                + (f"; {s['notice']}" if s.get("notice") else ""))
     return (f"run {s['run_id']}: {s['state']} at {where} (no launch running){reward}"
             + ("" if s["state"] == "finished" else "; the same `vime train` command resumes it"))

@@ -57,13 +57,17 @@ class Base(DeclarativeBase):
 
 
 class RunRow(Base):
-    """One training run; every sample and turn belongs to one. `config` is kept as first given."""
+    """One training run; every sample and turn belongs to one. `config` is kept as first given;
+    `checkpoint` is the newest checkpoint saved, `finished` the state the run ended with (NULL
+    until it finished): what a later start of the run resumes from or refuses on."""
 
     __tablename__ = "runs"
 
     run_id: Mapped[str] = mapped_column(String(RUN_ID_LENGTH), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     config: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    checkpoint: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    finished: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class SampleRow(Base):
