@@ -83,3 +83,42 @@ def test_kill_9_of_the_rollout_worker_and_sigterm_during_eval_rounds_each_round_
                                          "NULL GROUP BY eval_step, rollout_id, sibling HAVING COUNT(*) > 1").all()
             recorded = conn.exec_driver_sql("SELECT step, COUNT(*) FROM eval_rounds GROUP BY step").all()
         assert twice == [] and sorted(recorded) == [(0, 1), (2, 1), (3, 1)]
+
+
+def test_kill_9_of_the_trainer_while_a_fully_async_round_holds_the_syncs_keeps_the_round_on_its_version(
+        training_server, tiny_model_dir, tmp_path):
+    """The trainer trained past the round's boundary (its sync held) and dies while the round
+    samples: the re-attached trainer pushes the round's version again, not its own, replays the
+    held steps, and the held sync goes out once the round's generation ends."""
+    prompts = 64
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps({"prompt": f"count {i}", "label": "1"}) + "\n" for i in range(prompts)))
+    run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), "--fully-async", "--max-staleness", "1",
+                   "--max-concurrent-rollouts", "4", "--eval-interval", "2", "--skip-eval-before-train",
+                   "--eval-prompt-data", "heldout", str(heldout), "--n-samples-per-eval-prompt", str(N),
+                   "--eval-max-response-len", "24", steps=4, groups=2, n=2)
+
+    def held_during_round() -> bool:  # step 2 trained while round 2 samples: its sync is held
+        if eval_samples(run, 2) < 2:
+            return False
+        with SampleStore.open(run.run_dir) as store:
+            return 2 in store.trained_counts(run.run_id) and not store.eval_rounds(run.run_id)
+
+    try:
+        run.start()
+        run.wait_for(held_during_round, 600, "step 2 trained while round 2 samples")
+        os.kill(run.pid("trainer"), signal.SIGKILL)
+        assert run.wait() == 0, run.tail()
+    finally:
+        run.kill_all()
+    assert "worker trainer died" in run.output(), run.tail()
+    run.assert_on_policy(max_staleness=1)
+    with SampleStore.open(run.run_dir) as store:
+        rounds = store.eval_rounds(run.run_id)
+        assert [(r.step, r.weight_version) for r in rounds] == [(2, 2), (4, 4)]
+        for r in rounds:
+            samples = [s for _, s in store.iter_samples(run.run_id, evaluation=True, eval_step=r.step)]
+            assert len(samples) == prompts * N
+            assert all(set(sampled_versions(s)) == {r.weight_version} for s in samples), r.step
+    metrics = {m["step"]: m for m in json.loads((run.run_dir / "summary.json").read_text())["metrics"]}
+    assert metrics[2].get("sync_held") and metrics[2]["eval_weight_version"] == 2
