@@ -97,20 +97,29 @@ def test_a_run_evaluates_at_0_every_n_steps_and_after_the_last_on_one_policy_ver
 
 
 EVAL_FUNCTION = '''
-import asyncio
-
 from vime.rollout.vllm_rollout import generate_rollout
 
 
 async def evaluate(args, rollout_id, data_source, evaluation=False):
-    """slime's eval hook: vime's own eval rollout, every sample tagged, after 2 s of set-up (a
-    benchmark's own harness: without it the hook's one batch ends before a step could train)."""
-    await asyncio.sleep(2)
+    """slime's eval hook: vime's own eval rollout, every sample tagged."""
     groups = await generate_rollout(args, rollout_id, data_source, evaluation=True)
     for group in groups:
         for sample in group:
             sample.metadata["by"] = "eval hook"
     return groups
+'''
+
+
+SLOW_GRADER = '''
+import asyncio
+
+
+async def rm(args, sample):
+    """Exact match; grading a held-out prompt takes 1.5 s (a grader's latency, as a test suite's or
+    a judge model's would): the round lasts long enough for steps to train beside it."""
+    if str(sample.prompt).startswith("count"):
+        await asyncio.sleep(1.5)
+    return float(str(sample.response).strip() == str(sample.label))
 '''
 
 
@@ -134,16 +143,17 @@ async def replay_training_history(run_dir: Path, run_id: str) -> None:
 async def test_fully_async_trains_while_a_round_evaluates_each_round_on_exactly_one_policy_version(
         evaluator, training_server, tiny_model_dir, tmp_path):
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"say {i}", "label": "1"} for i in range(8)])
-    heldout = write_jsonl(tmp_path / "heldout.jsonl", [{"prompt": f"count {i}", "label": "1"} for i in range(16)])
+    heldout = write_jsonl(tmp_path / "heldout.jsonl", [{"prompt": f"count {i}", "label": "1"} for i in range(8)])
     (tmp_path / "my_eval.py").write_text(EVAL_FUNCTION)
-    max_staleness = 1  # a round long enough for a step to train beside it: 16 prompts x 2, 16 tokens each
+    (tmp_path / "slow_grader.py").write_text(SLOW_GRADER)
+    max_staleness = 1
     argv = [sys.executable, "-m", "vime.cli", "train", "--hf-checkpoint", str(tiny_model_dir),
-            "--prompt-data", str(prompts), "--input-key", "prompt", "--label-key", "label", "--rm-type", "exact_match",
+            "--prompt-data", str(prompts), "--input-key", "prompt", "--label-key", "label",
+            "--custom-rm-path", "slow_grader.rm",
             "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "4",
             "--rollout-max-response-len", "6", "--run-dir", str(tmp_path / "run"), "--fully-async",
             "--max-staleness", str(max_staleness), "--max-concurrent-rollouts", "4",
             "--eval-interval", "2", "--eval-prompt-data", "heldout", str(heldout), "--n-samples-per-eval-prompt", "2",
-            "--eval-max-response-len", "16",
             *(["--eval-function-path", "my_eval.evaluate"] if evaluator == "hook" else []),
             *engine_flags(training_server)]
     env = {**os.environ, "VIME_LOG_FORMAT": "json", "VIME_LOG_LEVEL": "WARNING",
@@ -156,7 +166,7 @@ async def test_fully_async_trains_while_a_round_evaluates_each_round_on_exactly_
         for r in rounds:
             assert r.weight_version == r.step  # the held sync pushed every step trained before the round
             evals = [s for _, s in store.iter_samples("run", evaluation=True, eval_step=r.step)]
-            assert len(evals) == 32
+            assert len(evals) == 16
             assert all(s.metadata.get("by") == "eval hook" for s in evals) == (evaluator == "hook")
             for s in evals:  # exactly one version per eval sample, the round's, while training went on around it
                 assert set(sampled_versions(s)) == {r.weight_version}, (r.step, s.weight_versions)
@@ -167,7 +177,7 @@ async def test_fully_async_trains_while_a_round_evaluates_each_round_on_exactly_
     assert len(train_versions) > 1  # the pool trained across versions meanwhile
 
     by_step = {m["step"]: m for m in read_metrics(tmp_path / "run")}
-    assert by_step[0]["eval/heldout/samples"] == 32 and by_step[2]["eval_weight_version"] == 2
+    assert by_step[0]["eval/heldout/samples"] == 16 and by_step[2]["eval_weight_version"] == 2
     during = [(k, s) for k in (0, 2) for s in (k, k + 1)
               if by_step[s].get("sync_held") and by_step[s]["finished_at"] < by_step[k]["eval_finished_at"]]
     assert during, "no step trained while a round was evaluating"  # the trainer went on beside the round
