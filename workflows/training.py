@@ -109,7 +109,8 @@ class TrainingWorkflow:
         return {"step": self.state.step, "num_rollout": self.cfg.num_rollout if self.cfg else None,
                 "phase": self.phase, "weight_version": self.state.weight_version,
                 "data_position": self.state.data_position, "checkpoint_step": self.state.checkpoint_step,
-                "checkpoint": self.state.checkpoint, "metrics": self.state.metrics[-KEEP_METRICS:],
+                "checkpoint": self.state.checkpoint, "held_syncs": self.state.held_syncs,
+                "metrics": self.state.metrics[-KEEP_METRICS:],
                 "notices": self.notices}
 
     @workflow.signal(name=NOTICE_SIGNAL)
