@@ -90,8 +90,10 @@ class RolloutActivities:
     @final_config_errors
     async def register_run(self, reg: RunRegistration) -> None:
         """Check a starting run's flags (one line if they are bad, nothing stored), then create
-        the run if it is new and record its flags, which the workers serving it read."""
-        args = await store_call(self.runs.checked, reg.run_id, reg.argv)
+        the run if it is new and record its flags, which the workers serving it read. An eval
+        run's flags were checked by the `vime eval` that started it (eval sets, no --prompt-data;
+        its launch holds the run directory), so here they are only parsed."""
+        args = await store_call(self.runs.checked, reg.run_id, reg.argv, reg.evaluation)
         await store_call(self.store.register_run, reg.run_id, reg.argv, stored_config(args))
 
     @activity.defn(name="generate_group")

@@ -4,6 +4,7 @@ engine it prints its figures."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -142,3 +143,36 @@ def test_the_store_bulk_benchmark_round_trips_on_both_backends_and_prints_the_ra
     assert "40 samples x 256 tokens" in result.stdout
     assert "sqlite     write" in result.stdout and "postgresql write" in result.stdout, result.stdout + result.stderr
     assert "postgresql / sqlite: write" in result.stdout
+
+
+EVAL_COST = [sys.executable, str(REPO / "bench" / "eval_cost.py"), "--steps", "3", "--eval-interval", "1",
+             "--eval-prompts", "4", "--n-samples-per-eval-prompt", "2"]
+BOOM_ON_EVAL = '''
+async def rm(args, sample):
+    if "count" in str(sample.prompt):  # the bench's held-out prompts; its training prompts say "say i"
+        raise ValueError("boom")
+    return 1.0
+'''
+
+
+@pytest.mark.vllm
+def test_the_eval_cost_benchmark_prints_no_ratio_when_eval_samples_failed(training_server, tmp_path):
+    (tmp_path / "boom_on_eval.py").write_text(BOOM_ON_EVAL)
+    result = subprocess.run([*EVAL_COST, "--vllm-url", training_server.url, "--out", str(tmp_path / "out"), "--",
+                             "--custom-rm-path", "boom_on_eval.rm"], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+    assert "steps/min" not in result.stdout
+    failure = [line for line in result.stderr.splitlines() if line.startswith("eval_cost: FAILED")]
+    assert failure and "the eval run" in failure[0], result.stderr[-2000:]
+
+
+@pytest.mark.vllm
+def test_the_eval_cost_benchmark_prints_both_runs_steps_per_minute_and_their_ratio(training_server, tmp_path):
+    result = subprocess.run([*EVAL_COST, "--vllm-url", training_server.url, "--out", str(tmp_path / "out")],
+                            capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    assert [line.split(":")[0].strip() for line in lines if "steps/min (" in line] == ["no eval", "eval"], lines
+    assert "4 round(s)" in next(line for line in lines if line.strip().startswith("eval:"))  # 0, 1, 2 and after 3
+    assert any(re.search(r"training runs at \d+\.\d\dx the steps/min of the run without", line) for line in lines)

@@ -6,6 +6,7 @@ result is recorded once, and the round's workflows are found by `temporal workfl
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -48,6 +49,21 @@ def eval_workflows(run: TrainRun) -> list[str]:
     return sorted(w["execution"]["workflowId"] for w in (listed if isinstance(listed, list) else [listed]))
 
 
+def progress(run: TrainRun) -> dict:
+    """The training workflow's `progress` query, asked of the live launch's Temporal ({} before it answers)."""
+    from temporalio.client import Client
+    from temporalio.service import RPCError
+
+    async def ask() -> dict:
+        address = json.loads((run.run_dir / LAUNCH_INFO).read_text())["temporal"]
+        client = await Client.connect(address)
+        return await client.get_workflow_handle(f"train-{run.run_id}").query("progress")
+    try:
+        return asyncio.run(ask())
+    except (FileNotFoundError, RPCError, ConnectionError, RuntimeError):
+        return {}
+
+
 def test_kill_9_of_the_rollout_worker_and_sigterm_during_eval_rounds_each_round_completes_once(
         training_server, tiny_model_dir, tmp_path):
     heldout = tmp_path / "heldout.jsonl"
@@ -83,3 +99,39 @@ def test_kill_9_of_the_rollout_worker_and_sigterm_during_eval_rounds_each_round_
                                          "NULL GROUP BY eval_step, rollout_id, sibling HAVING COUNT(*) > 1").all()
             recorded = conn.exec_driver_sql("SELECT step, COUNT(*) FROM eval_rounds GROUP BY step").all()
         assert twice == [] and sorted(recorded) == [(0, 1), (2, 1), (3, 1)]
+
+
+def test_kill_9_of_the_trainer_while_a_fully_async_round_holds_the_syncs_keeps_the_round_on_its_version(
+        training_server, tiny_model_dir, tmp_path):
+    """The trainer trained past the round's boundary (its sync held) and dies while the round
+    samples: the re-attached trainer pushes the round's version again, not its own, replays the
+    held steps, and the held sync goes out once the round's generation ends."""
+    prompts = 64
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps({"prompt": f"count {i}", "label": "1"}) + "\n" for i in range(prompts)))
+    run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), "--fully-async", "--max-staleness", "1",
+                   "--max-concurrent-rollouts", "4", "--eval-interval", "2", "--skip-eval-before-train",
+                   "--eval-prompt-data", "heldout", str(heldout), "--n-samples-per-eval-prompt", str(N),
+                   "--eval-max-response-len", "24", steps=4, groups=2, n=2)
+
+    def held_during_round() -> bool:  # a step trained while round 2 samples (its eval groups all in flight)
+        return progress(run).get("held_syncs", 0) >= 1
+
+    try:
+        run.start()
+        run.wait_for(held_during_round, 600, "a step trained while round 2 samples, its sync held")
+        os.kill(run.pid("trainer"), signal.SIGKILL)
+        assert run.wait() == 0, run.tail()
+    finally:
+        run.kill_all()
+    assert "worker trainer died" in run.output(), run.tail()
+    run.assert_on_policy(max_staleness=1)
+    with SampleStore.open(run.run_dir) as store:
+        rounds = store.eval_rounds(run.run_id)
+        assert [(r.step, r.weight_version) for r in rounds] == [(2, 2), (4, 4)]
+        for r in rounds:
+            samples = [s for _, s in store.iter_samples(run.run_id, evaluation=True, eval_step=r.step)]
+            assert len(samples) == prompts * N
+            assert all(set(sampled_versions(s)) == {r.weight_version} for s in samples), r.step
+    metrics = {m["step"]: m for m in json.loads((run.run_dir / "summary.json").read_text())["metrics"]}
+    assert metrics[2]["eval_weight_version"] == 2 and any(metrics[s].get("sync_held") for s in (2, 3))

@@ -111,6 +111,9 @@ def test_report_draws_eval_curves_beside_the_train_reward_and_the_closing_line_p
     assert cost == {"eval_rounds": 2, "eval_seconds": 4.0, "step_seconds": 16.0}
     assert eval_cost_text(cost) == "eval 4.0 s in 2 round(s) beside 16.0 s of steps (+25%)"
     assert eval_cost([{"step": 0, "reward_mean": 0.1}]) is None
+    metrics[1]["sync_held"] = True  # fully async: step 1 trained while the round sampled
+    assert eval_cost_text(eval_cost(metrics)) == ("eval 4.0 s in 2 round(s) beside 16.0 s of steps, 1 step(s) "
+                                                  "trained while a round sampled")
 
 
 def test_an_hf_checkpoints_eval_config_decodes_without_training_sizes(tmp_path, monkeypatch):

@@ -6,17 +6,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from temporalio.client import Client
+from temporalio.worker import Replayer
+
 from tests.conftest import engine_flags
 from tests.test_metrics_log import scalars
 from vime.metrics_log import read_metrics
 from vime.rollout.policy_check import sampled_versions
 from vime.store import SampleStore
+from vime.temporal.dev_server import TemporalDevServer
+from workflows.rollout import RolloutWorkflow
+from workflows.training import TrainingWorkflow
 
 pytestmark = pytest.mark.vllm
 
@@ -103,18 +110,52 @@ async def evaluate(args, rollout_id, data_source, evaluation=False):
 '''
 
 
-def test_fully_async_with_an_eval_hook_evaluates_each_round_on_exactly_one_policy_version(
-        training_server, tiny_model_dir, tmp_path):
+SLOW_GRADER = '''
+import asyncio
+
+
+async def rm(args, sample):
+    """Exact match; grading a held-out prompt takes 1.5 s (a grader's latency, as a test suite's or
+    a judge model's would): the round lasts long enough for steps to train beside it."""
+    if str(sample.prompt).startswith("count"):
+        await asyncio.sleep(1.5)
+    return float(str(sample.response).strip() == str(sample.label))
+'''
+
+
+async def replay_training_history(run_dir: Path, run_id: str) -> None:
+    """The run's training workflow history, read back from its Temporal file and replayed
+    against the current workflow code: the held syncs and the round beside training are
+    rebuilt from the history (what a worker killed mid-round relies on)."""
+    server = TemporalDevServer(run_dir, headless=True)
+    server.start()
+    try:
+        client = await Client.connect(server.address)
+        history = await client.get_workflow_handle(f"train-{run_id}").fetch_history()
+    finally:
+        server.stop()
+    result = await Replayer(workflows=[TrainingWorkflow, RolloutWorkflow]).replay_workflow(
+        history, raise_on_replay_failure=False)
+    assert result.replay_failure is None, result.replay_failure
+
+
+@pytest.mark.parametrize("evaluator", ["plain", "hook"])
+async def test_fully_async_trains_while_a_round_evaluates_each_round_on_exactly_one_policy_version(
+        evaluator, training_server, tiny_model_dir, tmp_path):
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": f"say {i}", "label": "1"} for i in range(8)])
-    heldout = write_jsonl(tmp_path / "heldout.jsonl", [{"prompt": f"count {i}", "label": "1"} for i in range(2)])
+    heldout = write_jsonl(tmp_path / "heldout.jsonl", [{"prompt": f"count {i}", "label": "1"} for i in range(8)])
     (tmp_path / "my_eval.py").write_text(EVAL_FUNCTION)
+    (tmp_path / "slow_grader.py").write_text(SLOW_GRADER)
+    max_staleness = 1
     argv = [sys.executable, "-m", "vime.cli", "train", "--hf-checkpoint", str(tiny_model_dir),
-            "--prompt-data", str(prompts), "--input-key", "prompt", "--label-key", "label", "--rm-type", "exact_match",
+            "--prompt-data", str(prompts), "--input-key", "prompt", "--label-key", "label",
+            "--custom-rm-path", "slow_grader.rm",
             "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "4",
             "--rollout-max-response-len", "6", "--run-dir", str(tmp_path / "run"), "--fully-async",
-            "--max-staleness", "1", "--max-concurrent-rollouts", "4",
+            "--max-staleness", str(max_staleness), "--max-concurrent-rollouts", "4",
             "--eval-interval", "2", "--eval-prompt-data", "heldout", str(heldout), "--n-samples-per-eval-prompt", "2",
-            "--eval-function-path", "my_eval.evaluate", *engine_flags(training_server)]
+            *(["--eval-function-path", "my_eval.evaluate"] if evaluator == "hook" else []),
+            *engine_flags(training_server)]
     env = {**os.environ, "VIME_LOG_FORMAT": "json", "VIME_LOG_LEVEL": "WARNING",
            "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     result = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
@@ -123,9 +164,23 @@ def test_fully_async_with_an_eval_hook_evaluates_each_round_on_exactly_one_polic
         rounds = store.eval_rounds("run")
         assert [r.step for r in rounds] == [0, 2, 4]
         for r in rounds:
+            assert r.weight_version == r.step  # the held sync pushed every step trained before the round
             evals = [s for _, s in store.iter_samples("run", evaluation=True, eval_step=r.step)]
-            assert len(evals) == 4 and all(s.metadata["by"] == "eval hook" for s in evals)
+            assert len(evals) == 16
+            assert all(s.metadata.get("by") == "eval hook" for s in evals) == (evaluator == "hook")
             for s in evals:  # exactly one version per eval sample, the round's, while training went on around it
                 assert set(sampled_versions(s)) == {r.weight_version}, (r.step, s.weight_versions)
+        for step in range(4):  # every trained sample within its staleness bound of the trainer's version (= step)
+            for s in store.read_step_samples("run", step):
+                assert min(sampled_versions(s)) >= step - max_staleness, (step, s.weight_versions)
         train_versions = {s.metadata["weight_version"] for _, s in store.iter_samples("run")}
     assert len(train_versions) > 1  # the pool trained across versions meanwhile
+
+    by_step = {m["step"]: m for m in read_metrics(tmp_path / "run")}
+    assert by_step[0]["eval/heldout/samples"] == 16 and by_step[2]["eval_weight_version"] == 2
+    during = [(k, s) for k in (0, 2) for s in (k, k + 1)
+              if by_step[s].get("sync_held") and by_step[s]["finished_at"] < by_step[k]["eval_finished_at"]]
+    assert during, "no step trained while a round was evaluating"  # the trainer went on beside the round
+    assert re.search(r"eval [\d.]+ s in 3 round\(s\) beside [\d.]+ s of steps, \d step\(s\) trained while a round "
+                     "sampled", result.stdout), result.stdout[-2000:]
+    await replay_training_history(tmp_path / "run", "run")

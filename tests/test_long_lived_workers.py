@@ -2,6 +2,7 @@
 section, run literally by bash (ports swapped for free ones), starts a rollout worker and a
 trainer that know nothing of any run, then two runs with different models and rewards from the
 JSON of `vime config` through `temporal workflow start`, with no other setup step; both train.
+`vime eval` given the pool's addresses runs on the same workers, starting nothing.
 
 The pieces it relies on are specified beside it: a run's recorded flags become its config on
 any worker (`RunArgs`), and a trainer is leased to one run at a time.
@@ -26,6 +27,7 @@ from vime.engine.server import free_port
 from vime.config.args import parse_args
 from vime.errors import ConfigError
 from vime.config.run_args import RunArgs
+from vime.rollout.policy_check import sampled_versions
 from vime.store import SampleStore
 
 REWARD_B = '''
@@ -86,6 +88,9 @@ def test_two_runs_from_vime_config_json_train_on_workers_started_once(training_s
             pool = Pool(tmp_path, temporal_port, training_server.port, tiny_model_dir)
             agent = a_coding_agent_run(pool)
             two_models = a_vllm_config_run_whose_reward_calls_a_second_model(pool)
+            t_eval = time.monotonic()
+            evaluated = a_vime_eval_of_an_hf_checkpoint(pool)
+            t_eval = time.monotonic() - t_eval
             bad_runs_fail_in_one_line_and_free_the_trainer(pool)
             cancelled = cancel_a_run_in_flight(pool)
     assert proc.returncode == 0, out[-4000:]
@@ -109,6 +114,14 @@ def test_two_runs_from_vime_config_json_train_on_workers_started_once(training_s
     port = training_server.port  # the reward model under another name than the actor's: the run's URLs, not a worker's
     assert calls and {c["url"] for c in calls} == {f"http://localhost:{port}"}, calls[:3]
     assert {tuple(c["router"]) for c in calls} == {("127.0.0.1", port)}  # generate: the actor's URL
+    assert evaluated.returncode == 0, evaluated.stdout[-2000:] + evaluated.stderr[-2000:]
+    assert "poll vime-rollout" in evaluated.stdout and "starting none" in evaluated.stdout, evaluated.stdout
+    assert "vLLM server" not in evaluated.stdout and not list((tmp_path / "runs" / "exp-eval").glob("worker-*.log"))
+    assert re.search(r"^checkpoint +step +set .*\n\S+ +0 +heldout ", evaluated.stdout, re.M), evaluated.stdout
+    with SampleStore.open(f"sqlite:///{tmp_path}/runs/vime.db") as store:
+        evals = [s for _, s in store.iter_samples("exp-eval", evaluation=True, eval_step=0)]
+    assert len(evals) == 3 * 2 and all(set(sampled_versions(s)) == {0} for s in evals)  # the checkpoint's version
+    print(f"[long-lived workers] vime eval of a checkpoint on the pool: {len(evals)} eval samples in {t_eval:.0f} s")
     assert re.fullmatch(r"run exp-c: canceled \(train-exp-c and the rollouts.*\n", cancelled["stdout"]), cancelled
     assert cancelled["status"] == "CANCELED"
     # the rollouts in flight were cancelled (with their cleanup), not terminated with the parent
@@ -190,6 +203,23 @@ def a_vllm_config_run_whose_reward_calls_a_second_model(pool: Pool) -> subproces
                "--num-rollout", "1", "--vllm-model-urls", f"actor=http://127.0.0.1:{port}",
                f"reward=http://localhost:{port}", router=False)
     return pool.result("exp-rm")
+
+
+def a_vime_eval_of_an_hf_checkpoint(pool: Pool) -> subprocess.CompletedProcess[str]:
+    """`vime eval` of an HF checkpoint given the pool's Temporal, store and server: it starts no
+    service and no worker; the pool's rollout worker checks the eval run's flags (no
+    --prompt-data: it has eval sets) and runs its round."""
+    heldout = pool.tmp_path / "heldout.jsonl"
+    heldout.write_text("".join(json.dumps({"prompt": f"count {i}", "label": "1"}) + "\n" for i in range(3)))
+    return subprocess.run(
+        [str(pool.bin / "vime"), "eval", "--hf-checkpoint", str(pool.model), "--eval-prompt-data", "heldout",
+         str(heldout), "--input-key", "prompt", "--label-key", "label", "--rm-type", "exact_match",
+         "--n-samples-per-eval-prompt", "2", "--eval-max-response-len", "4", "--run-id", "exp-eval",
+         "--run-dir", str(pool.tmp_path / "runs" / "exp-eval"),
+         "--store-url", f"sqlite:///{pool.tmp_path}/runs/vime.db",
+         "--temporal-address", pool.address, "--vllm-router-ip", "127.0.0.1", "--vllm-router-port",
+         str(pool.engine_port), "--vllm-server-urls", f"http://127.0.0.1:{pool.engine_port}"],
+        cwd=pool.tmp_path, capture_output=True, text=True, timeout=300)
 
 
 def bad_runs_fail_in_one_line_and_free_the_trainer(pool: Pool) -> None:
@@ -292,6 +322,21 @@ def test_a_starting_run_s_flags_are_checked_as_vime_train_checks_them(tmp_path, 
         runs.checked("exp", [*good, "--hf-checkpoint", str(tmp_path / "nowhere")])
     with pytest.raises(ConfigError, match=r"^run 'exp': its flags: unknown flag --rm-tpye"):
         runs.checked("exp", [*good, "--rm-tpye", "math"])
+
+
+def test_an_eval_run_s_flags_are_parsed_not_refused_for_their_missing_prompt_data(tmp_path, tiny_model_dir):
+    """`vime eval` checked its run before starting it (eval sets, no --prompt-data) and holds its run
+    directory: a long-lived worker registering it parses its flags, and still refuses bad ones."""
+    runs = RunArgs(worker_args(tmp_path), lambda run_id: None)
+    heldout = tmp_path / "heldout.jsonl"
+    heldout.write_text('{"prompt": "p", "label": "1"}\n')
+    flags = ["--hf-checkpoint", str(tiny_model_dir), "--eval-prompt-data", "heldout", str(heldout),
+             "--run-id", "m-eval-1", "--run-dir", str(tmp_path / "m-eval-1")]
+    with pytest.raises(ConfigError, match=r"^run 'm-eval-1': vime train needs --prompt-data"):
+        runs.checked("m-eval-1", flags)  # as a training run it would be refused
+    assert runs.checked("m-eval-1", flags, evaluation=True).eval_prompt_data == ["heldout", str(heldout)]
+    with pytest.raises(ConfigError, match=r"^run 'm-eval-1': its flags: unknown flag --eval-tpye"):
+        runs.checked("m-eval-1", [*flags, "--eval-tpye", "x"], evaluation=True)
 
 
 def test_the_store_keeps_a_run_s_latest_flags_and_config_and_creates_the_run(tmp_path):

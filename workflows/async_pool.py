@@ -20,6 +20,10 @@ age and drops (and counts) every group past the bound: more throughput, burnt ro
 
 Weight sync does not wait for the pool: the servers pause with `mode=keep`, and a generation in
 flight goes on under the new weights (its weight-version spans say which tokens came from which).
+
+While an eval round holds syncs (`workflows.eval_beside`), the trainer's version runs ahead of
+the servers': groups start under the servers' version and are judged against the trainer's, and
+none starts that could not be trained (the servers' version is already past the bound).
 """
 
 from __future__ import annotations
@@ -61,15 +65,17 @@ class RolloutPool:
 
     `start(position, version)` runs one group to its end (a child workflow); `claim()` hands out
     the next data position; `steps_left()` says how many steps still need groups, so the pool
-    never starts groups the run will not train; `version()` is the policy the servers hold.
+    never starts groups the run will not train; `version()` is the policy the servers hold, and
+    `trainer_version()` the one groups are trained on (ahead of it while syncs are held).
     """
 
     def __init__(self, cfg: PoolConfig, start: Callable[[int, int], Awaitable[RolloutOutput]],
                  claim: Callable[[], int], steps_left: Callable[[], int], version: Callable[[], int],
-                 queued: list[PooledGroup] | None = None) -> None:
+                 queued: list[PooledGroup] | None = None, trainer_version: Callable[[], int] | None = None) -> None:
         self.cfg = cfg
         self.policy = StalenessPolicy(cfg.max_staleness, cfg.batch_size, cfg.control)
         self._start, self._claim, self._steps_left, self._version = start, claim, steps_left, version
+        self._trainer_version = trainer_version or version
         self.ready: list[PooledGroup] = list(queued or [])
         self.in_flight: dict[int, asyncio.Task] = {}
         self.started_under: dict[int, int] = {}  # in flight: position -> the version it started under
@@ -94,6 +100,8 @@ class RolloutPool:
                 return
             if not self.policy.may_start(self.live()):
                 return
+            if not self.policy.admissible(self._version(), self._trainer_version()):
+                return  # syncs held too long: a group started now could never be trained
             position, version = self._claim(), self._version()
             self.started_under[position] = version
             self.in_flight[position] = asyncio.create_task(self._run(position, version))
@@ -124,7 +132,7 @@ class RolloutPool:
         they would hold back the groups that replace them). Called when a group finishes and
         when the version moves, the only two events that make a group stale, so `ready` holds
         only admissible groups (and the conditions waited on stay free of side effects)."""
-        version = self._version()
+        version = self._trainer_version()
         self.ready, dropped = self.policy.split(self.ready, version)
         self.dropped += len(dropped)
         for position, started_under in list(self.started_under.items()):
@@ -148,11 +156,12 @@ class RolloutPool:
         groups, self.ready = self.ready[:size], self.ready[size:]
         self.taken = len(groups)
         dropped, self.dropped = self.dropped, 0
-        version = self._version()
+        version = self._trainer_version()
         return TakenStep(groups, [self.policy.staleness(g.weight_version, version) for g in groups], dropped)
 
     def synced(self) -> None:
-        """The step's weights are on the servers: its groups leave the staleness budget."""
+        """The step's weights are on the servers (or held: the trainer's version moved): its
+        groups leave the staleness budget."""
         self.taken = 0
         self._drop_stale()
         self.fill()

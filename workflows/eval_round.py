@@ -8,6 +8,8 @@ weights while it runs, so every eval sample of the round at step k is sampled by
 `weight_version` (k in a synchronous run), recorded on each sample and checked by the group's
 activity (a sample from other weights, a server restarted and not synced yet, is sampled again).
 Training rollouts collected ahead (`--max-staleness`) or the fully async pool go on meanwhile.
+In fully async mode the trainer goes on too: the round runs beside the step loop and holds the
+weight syncs while it samples (`workflows.eval_beside`; `sampling` says when).
 
 Durable as any rollout: one child group workflow per eval prompt, with the deterministic id
 `eval_workflow_id(run, step, set, prompt)`, whose activity finds its rollouts stored on a retry
@@ -105,12 +107,14 @@ def flat(metrics: dict[str, Any]) -> dict[str, Any]:
 
 class EvalRounds:
     """The run's eval rounds; `running` counts eval group workflows in flight (a cancelled run
-    waits for them to end)."""
+    waits for them to end); `sampling` is true from a round's start until its generation ends
+    (the servers must keep its policy version until then)."""
 
     def __init__(self) -> None:
         self.cfg: TrainingConfig | None = None
         self.state = TrainingState()
         self.running = 0
+        self.sampling = False
 
     def begin(self, cfg: TrainingConfig, state: TrainingState) -> None:
         self.cfg, self.state = cfg, state
@@ -122,6 +126,13 @@ class EvalRounds:
         """The round at `step` (call only when `due`): its figures, `eval/<set>/<figure>`.
         `before()` runs once the round is known not to be recorded yet, before it samples (`vime
         eval` loads the checkpoint's weights there)."""
+        self.sampling = True
+        try:
+            return await self._run(step, before)
+        finally:
+            self.sampling = False
+
+    async def _run(self, step: int, before: Callable[[], Awaitable[None]] | None) -> dict[str, Any]:
         cfg = self.cfg
         version = self.state.weight_version
         inp = EvalRoundInput(cfg.run_id, step, version, cfg.rollout_heartbeat_seconds)
@@ -141,6 +152,7 @@ class EvalRounds:
             slots = asyncio.Semaphore(EVAL_CONCURRENCY)
             await asyncio.gather(*(self._group(slots, step, version, s, i)
                                    for s in plan.sets for i in range(s.prompts)))
+        self.sampling = False
         inp.seconds = workflow.time() - t0
         recorded = await workflow.execute_activity(
             RECORD_EVAL, inp, result_type=dict, task_queue=cfg.rollout_task_queue,

@@ -65,7 +65,7 @@ class EvalWorkflow:
         workflow.upsert_search_attributes([RUN_ID.value_set(cfg.run_id), EVAL.value_set(True),
                                            ROLLOUT_STATUS.value_set("evaluating")])
         if cfg.run_argv:
-            await workflow.execute_activity(REGISTER_RUN, RunRegistration(cfg.run_id, cfg.run_argv),
+            await workflow.execute_activity(REGISTER_RUN, RunRegistration(cfg.run_id, cfg.run_argv, evaluation=True),
                                             task_queue=cfg.rollout_task_queue,
                                             start_to_close_timeout=timedelta(seconds=120))
         for checkpoint in inp.checkpoints:

@@ -88,7 +88,7 @@ class StepCollection:
         self.next_take = self.state.step  # the first step whose groups the pool must provide
         self.pool = RolloutPool(pool_cfg, lambda position, version: self._rollout(self.state.step, position, version),
                                 claim, lambda: cfg.num_rollout - self.next_take,
-                                lambda: self.state.weight_version, queued)
+                                lambda: self.state.weight_version, queued, lambda: self.state.trainer_version)
 
     def collect(self, step: int) -> Awaitable[RecordedStep]:
         """The step's manifest, to await. Synchronous mode first starts collecting the steps up to
@@ -102,12 +102,18 @@ class StepCollection:
         return self.prefetch.pop(step)
 
     def synced(self, step: int) -> dict:
-        """The step's weights are on the servers: its groups leave the pool's staleness budget.
+        """The step's weights are on the servers (or held beside an eval round): its groups leave
+        the pool's staleness budget.
         Returns the step's collection metrics (fully async: staleness, groups in flight)."""
         if not self.pool:
             return {}
         self.pool.synced()
         return {**self.async_metrics.pop(step, {}), "rollouts_in_flight": len(self.pool.in_flight)}
+
+    def refill(self) -> None:
+        """Held weights were pushed (`workflows.eval_beside`): the pool may start groups again."""
+        if self.pool:
+            self.pool.synced()
 
     def prefetched(self) -> Awaitable[list[RecordedStep]]:
         """The steps collected ahead (continue-as-new: each records its manifest, the next run trains it)."""

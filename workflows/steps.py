@@ -18,6 +18,7 @@ class RunRegistration:
 
     run_id: str
     argv: list[str]
+    evaluation: bool = False  # a `vime eval` run: its launcher checked its flags (it has no --prompt-data)
 
 
 @dataclass

@@ -82,9 +82,26 @@ class TrainerSession:
     async def sync(self) -> dict:
         """The step's sync, under a version fixed before the first try: a retry (a trainer-lost
         signal that lands after a sync went through, as on a rerun after Ctrl-C) pushes the same
-        version again instead of bumping it twice for one step."""
-        version = self.state.weight_version + 1
-        return await self.with_trainer("sync", lambda info: self._sync_on(info, version))
+        version again instead of bumping it twice for one step. Steps whose sync was held
+        (`hold`) go out with it: the version counts every step trained."""
+        version = self.state.trainer_version + 1
+        report = await self.with_trainer("sync", lambda info: self._sync_on(info, version))
+        self.state.held_syncs = 0
+        return report
+
+    def hold(self) -> None:
+        """The step trained, but its weights stay off the servers (an eval round samples the
+        version they hold, `workflows.eval_beside`): the trainer's version moves on alone."""
+        self.state.held_syncs += 1
+
+    async def push_held(self) -> dict:
+        """Push the weights of the steps trained while syncs were held, as the trainer's version."""
+        if not self.state.held_syncs:
+            return {}
+        version = self.state.trainer_version
+        report = await self.with_trainer("sync", lambda info: self._sync_on(info, version))
+        self.state.held_syncs = 0
+        return report
 
     async def checkpoint(self) -> None:
         cfg, state = self.cfg, self.state
@@ -175,13 +192,17 @@ class TrainerSession:
             heartbeat_timeout=timedelta(seconds=cfg.trainer_heartbeat_seconds),
             start_to_close_timeout=timedelta(seconds=3600), retry_policy=RetryPolicy(maximum_attempts=1))
         self.trainer = info
-        for s in range(at, state.step):  # steps trained since the checkpoint, from their manifests
+        synced_step = state.step - state.held_syncs  # the step whose weights the servers hold
+        for s in range(at, synced_step):  # steps trained since the checkpoint, from their manifests
             await self._train_on(info, s)
         # The servers may hold other weights (a lost trainer's, another run's): push this policy
         # again under its own version. A new version would age every group in flight by one
         # without the policy having changed (a kill -9 of the trainer trained a group 2 versions
-        # old under --max-staleness 1).
+        # old under --max-staleness 1). While syncs are held (an eval round samples), that is the
+        # round's policy; the held steps are replayed after it, and their sync stays held.
         await self._sync_on(info, state.weight_version)
+        for s in range(synced_step, state.step):
+            await self._train_on(info, s)
         return info
 
     async def _train_on(self, info: TrainerInfo, step: int) -> dict:

@@ -59,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
     # re-exported here for the modules that still import it from this one.
     from vime.temporal.training_contract import (NOTICE_SIGNAL, PROGRESS_QUERY, TRAINER_LOST_SIGNAL,
                                                  TRAINING_WORKFLOW, TrainingConfig, TrainingInput, TrainingState)
+    from workflows.eval_beside import EvalBeside
     from workflows.eval_round import EvalRounds
     from workflows.step_collection import StepCollection
     # Temporal decodes an activity's result by its dataclass's type hints, evaluated in the
@@ -97,6 +98,7 @@ class TrainingWorkflow:
         self.trainer = TrainerSession(self._set_phase)  # pick, attach, train, sync, checkpoint, release
         self.rollouts = StepCollection()  # sync rounds, custom rollout function, or the async pool
         self.evals = EvalRounds()  # eval rounds at step boundaries (--eval-interval)
+        self.beside = EvalBeside(self.evals, self.trainer, self.rollouts, self._record_line)  # fully async
         self.notices: list[dict] = []  # the latest lines workers sent for the console (`notice`)
 
     def _set_phase(self, phase: str) -> None:
@@ -107,7 +109,8 @@ class TrainingWorkflow:
         return {"step": self.state.step, "num_rollout": self.cfg.num_rollout if self.cfg else None,
                 "phase": self.phase, "weight_version": self.state.weight_version,
                 "data_position": self.state.data_position, "checkpoint_step": self.state.checkpoint_step,
-                "checkpoint": self.state.checkpoint, "metrics": self.state.metrics[-KEEP_METRICS:],
+                "checkpoint": self.state.checkpoint, "held_syncs": self.state.held_syncs,
+                "metrics": self.state.metrics[-KEEP_METRICS:],
                 "notices": self.notices}
 
     @workflow.signal(name=NOTICE_SIGNAL)
@@ -147,6 +150,7 @@ class TrainingWorkflow:
         self.trainer.begin(cfg, self.state)
         self.rollouts.begin(cfg, self.state)
         self.evals.begin(cfg, self.state)
+        self.beside.begin(cfg, self.state)
         workflow.upsert_search_attributes([RUN_ID.value_set(cfg.run_id), ROLLOUT_STATUS.value_set("training")])
         await self._register_run()
         if (finished := await self._durable_start()) is not None:
@@ -162,29 +166,32 @@ class TrainingWorkflow:
             evaluated = await self._evaluate(step)
             self.phase = "rollout"
             t0 = workflow.time()
+            await self.beside.before_take()
             prepared = await self._await_rollouts(self.rollouts.collect(step))
             t1 = workflow.time()
             metrics = await self.trainer.train(step)
             self.state.step = step + 1
             t2 = workflow.time()
-            sync = await self.trainer.sync()
+            sync = await self.beside.sync()
             metrics.update(self.rollouts.synced(step))
             metrics.update(step=step, weight_version=self.state.weight_version, rollouts=prepared.rollouts,
                            failed_samples=prepared.failed_samples,
                            rollout_wait_seconds=t1 - t0, train_phase_seconds=t2 - t1,
                            sync_seconds=workflow.time() - t2, sync_pause_seconds=sync.get("pause_seconds", 0.0),
                            finished_at=workflow.now().timestamp(),
-                           **{f"sync_{k}": sync[k] for k in ("wire_bytes", "changed", "total") if k in sync},
+                           **{f"sync_{k}": sync[k] for k in ("wire_bytes", "changed", "total", "held") if k in sync},
                            **evaluated)
-            await self._record_metrics(step, self._keep_metrics(metrics))
+            await self.beside.record(step, metrics)
             if cfg.save and (self.state.step % (cfg.save_interval or cfg.num_rollout) == 0
                              or self.state.step == cfg.num_rollout):
+                await self.beside.unhold()  # a checkpoint holds the weights of its version
                 await self.trainer.checkpoint()
             workflow.upsert_search_attributes([POLICY_VERSION.value_set(self.state.weight_version)])
             steps_this_run += 1
             if self.state.step < cfg.num_rollout and self._continue_as_new_due(steps_this_run):
                 await self._continue_as_new()
         await self.rollouts.finish()
+        await self.beside.settle()
         if final := await self._evaluate(cfg.num_rollout):  # after the last step
             await self._record_metrics(cfg.num_rollout, self._keep_metrics(
                 {"step": cfg.num_rollout, "eval_only": True, "weight_version": self.state.weight_version,
@@ -195,6 +202,9 @@ class TrainingWorkflow:
         workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("done")])
         return self.state
 
+    async def _record_line(self, step: int, metrics: dict) -> None:
+        await self._record_metrics(step, self._keep_metrics(metrics))
+
     def _keep_metrics(self, metrics: dict) -> dict:
         self.state.metrics = (self.state.metrics + [metrics])[-KEEP_METRICS:]
         return metrics
@@ -202,8 +212,13 @@ class TrainingWorkflow:
     async def _evaluate(self, step: int) -> dict:
         """The eval round at the boundary before training step `step` (`num_rollout`: after the
         last), when one is due: every eval sample from the weights of the sync before it, the
-        policy the run stands at (`workflows.eval_round`); its figures go in the step's metrics."""
+        policy the run stands at (`workflows.eval_round`); its figures go in the step's metrics.
+        In fully async mode a round before a step starts beside the step loop, which trains on
+        meanwhile with its syncs held (`workflows.eval_beside`); its figures join the step's line."""
         if not self.evals.due(step):
+            return {}
+        if step < self.cfg.num_rollout and self.beside.applies():  # fully async: the trainer goes on
+            await self.beside.start(step)
             return {}
         self.phase = "eval"
         return await self._await_rollouts(self.evals.run(step))
@@ -264,6 +279,7 @@ class TrainingWorkflow:
         """No new rollouts start; the steps collected ahead finish and record their manifests (the
         next run trains them), the async pool's groups in flight finish and travel in the input."""
         self.phase = "continue-as-new"
+        await self.beside.settle()
         await self._await_rollouts(self.rollouts.prefetched())
         await self.rollouts.hand_over()
         await workflow.wait_condition(workflow.all_handlers_finished)
@@ -274,6 +290,7 @@ class TrainingWorkflow:
         the trainer."""
         self.phase = "cancelling"
         await self.rollouts.cancel()
+        await self.beside.cancel()
         await workflow.wait_condition(lambda: self.evals.running == 0)
         await self.trainer.release()
         workflow.upsert_search_attributes([ROLLOUT_STATUS.value_set("cancelled")])

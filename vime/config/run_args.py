@@ -89,15 +89,18 @@ class RunArgs:
             self._cache[run_id] = (argv, parsed)
         return parsed
 
-    def checked(self, run_id: str, argv: list[str]) -> VimeArgs:
+    def checked(self, run_id: str, argv: list[str], evaluation: bool = False) -> VimeArgs:
         """A starting run's flags as this worker will read them, checked as `vime train` checks
         them before it starts anything (paths, data, hooks): one `ConfigError` line, before the
-        run is recorded or a trainer is leased to it. The worker's own run was checked by its launcher."""
+        run is recorded or a trainer is leased to it. The worker's own run was checked by its
+        launcher, and so was a `vime eval` run (`evaluation`: parsed only; it has eval sets, no
+        --prompt-data, and its launch holds its run directory)."""
         if self._own(run_id):
             return self.worker_args
         args = self._parse(run_id, argv)
         try:
-            preflight(args)
+            if not evaluation:
+                preflight(args)
         except ConfigError as e:
             raise ConfigError(f"run {run_id!r}: {e}") from None
         return args

@@ -8,6 +8,11 @@ attaches to the eval run's `EvalWorkflow` (`workflows/evaluation.py`): per check
 weights loaded into the servers, then one eval round (`workflows/eval_round.py`). The run id is
 derived from what is evaluated (`vime.launcher.eval_command`): the same command resumes it, a finished
 one prints its table again, and no eval prompt is sampled or graded twice.
+
+On long-lived workers (`--temporal-address` of a Temporal whose rollout queue has workers
+polling it, with `--store-url` and the servers' `--vllm-router-*`/`--vllm-server-urls`), it
+starts nothing: the pool's workers serve the eval run, reading its flags from the store as they
+read any run's (`register_run` checks them as this command does).
 """
 
 from __future__ import annotations
@@ -79,14 +84,28 @@ class ReloadAfterRestart:
         return lines
 
 
+async def queue_pollers(client, task_queue: str) -> int:
+    """How many workers poll `task_queue` for workflow tasks (a pool of long-lived workers)."""
+    from temporalio.api.enums.v1 import TaskQueueType
+    from temporalio.api.taskqueue.v1 import TaskQueue
+    from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+    described = await client.workflow_service.describe_task_queue(DescribeTaskQueueRequest(
+        namespace=client.namespace, task_queue=TaskQueue(name=task_queue),
+        task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW))
+    return len(described.pollers)
+
+
 class EvalLaunch(Launch):
-    """A launch of an eval run: `Launch` with the eval workflow and a rollout worker only."""
+    """A launch of an eval run: `Launch` with the eval workflow and a rollout worker only, or
+    none on a pool of long-lived workers."""
 
     command = "eval"
 
     def __init__(self, cmd: EvalCommand) -> None:
         super().__init__(cmd.args, checked=True)
         self.cmd = cmd
+        self.pool = 0  # workers already polling the rollout queue of a Temporal we were given
 
     def workflow_handle(self, client) -> WorkflowHandle:
         return client.get_workflow_handle(eval_workflow_id(self.args.run_id), result_type=TrainingState)
@@ -95,11 +114,17 @@ class EvalLaunch(Launch):
         handle = self.workflow_handle(client)
         described = await _describe(handle)
         if described is None or described.status != WorkflowExecutionStatus.COMPLETED:
+            if self.args.temporal_address:  # checked here, the one call before the workers start
+                self.pool = await queue_pollers(client, self.args.rollout_task_queue)
             return None
         print(f"[vime] eval {self.args.run_id} already finished; its table again (nothing is sampled)", flush=True)
         return await handle.result()
 
     def workers(self, temporal_address: str, fleet) -> list[WorkerProcess]:
+        if self.pool:
+            print(f"[vime] {self.pool} worker(s) poll {self.args.rollout_task_queue} at {temporal_address}: the eval "
+                  "runs on them, starting none", flush=True)
+            return []
         return [w for w in super().workers(temporal_address, fleet) if w.name == "rollout"]
 
     async def start(self, client) -> tuple[WorkflowHandle, int | None]:

@@ -173,18 +173,25 @@ def _workers(args, run_dir: Path, temporal_address: str, fleet) -> list[WorkerPr
 
 def eval_cost(metrics: list[dict]) -> dict | None:
     """What the run's eval rounds cost: their seconds beside the steps' (rollout wait, train and
-    sync), over the steps in `metrics`; None when no round ran."""
+    sync), over the steps in `metrics`; None when no round ran. In fully async mode the rounds
+    overlap the steps (`steps_beside_eval`: steps trained while a round sampled, their sync held)."""
     rounds = [m["eval_seconds"] for m in metrics if isinstance(m.get("eval_seconds"), int | float)]
     if not rounds:
         return None
     steps = sum(m.get("rollout_wait_seconds", 0) + m.get("train_phase_seconds", 0) + m.get("sync_seconds", 0)
                 for m in metrics if not m.get("eval_only"))
-    return {"eval_rounds": len(rounds), "eval_seconds": round(sum(rounds), 1), "step_seconds": round(steps, 1)}
+    beside = sum(1 for m in metrics if m.get("sync_held"))
+    return {"eval_rounds": len(rounds), "eval_seconds": round(sum(rounds), 1), "step_seconds": round(steps, 1),
+            **({"steps_beside_eval": beside} if beside else {})}
 
 
 def eval_cost_text(cost: dict) -> str:
-    """`eval 12.3 s in 4 rounds beside 45.6 s of steps (+27%)`."""
+    """`eval 12.3 s in 4 rounds beside 45.6 s of steps (+27%)`; rounds that overlapped training
+    (fully async) are not a share of the steps' time: the line says how many steps trained
+    meanwhile, and bench/eval_cost.py measures what they cost."""
     share = f" (+{100 * cost['eval_seconds'] / cost['step_seconds']:.0f}%)" if cost["step_seconds"] else ""
+    if cost.get("steps_beside_eval"):
+        share = f", {cost['steps_beside_eval']} step(s) trained while a round sampled"
     return (f"eval {cost['eval_seconds']:.1f} s in {cost['eval_rounds']} round(s) beside {cost['step_seconds']:.1f} s "
             f"of steps{share}")
 

@@ -86,6 +86,13 @@ class TrainingState:
     checkpoint: str | None = None
     metrics: list[dict] = field(default_factory=list)  # the most recent steps' metrics
     queued: list[PooledGroup] = field(default_factory=list)  # fully async: finished groups handed over
+    held_syncs: int = 0  # fully async: steps trained while an eval round samples, their sync held (eval_beside)
+
+    @property
+    def trainer_version(self) -> int:
+        """The policy version the trainer holds: the servers' (`weight_version`) plus the steps
+        trained since whose sync is held. Staleness is counted against it."""
+        return self.weight_version + self.held_syncs
 
 
 @dataclass
