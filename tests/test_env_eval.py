@@ -130,3 +130,17 @@ async def test_a_turn_from_other_weights_is_not_stored_so_the_retry_samples_it_a
         await log.append(1, [2], [1], [-0.1], {**meta, "weight_versions": [{"version": "3"}]})
     assert [t.turn for t in await log.read()] == [0]
     await TurnLog(store, "r", "7").append(0, [1], [1], [-0.1], {"weight_versions": [{"version": "0"}]})  # unchecked
+
+
+def test_an_environment_that_ignores_evaluation_stops_the_round_in_one_line_naming_the_fix():
+    from temporalio.exceptions import ApplicationError
+
+    from vime.envs import GroupOutput
+    from workflows.eval_round import check_eval_ids
+
+    check_eval_ids(GroupOutput(1, ["eval4-held-3", "eval4-held-4"]), "MyGroupWorkflow", 4, "held")
+    with pytest.raises(ApplicationError) as info:  # a training prompt's plain ids: eval samples into training
+        check_eval_ids(GroupOutput(1, ["2", "3"]), "MyGroupWorkflow", 4, "held")
+    message = str(info.value)
+    assert "MyGroupWorkflow stored rollout id(s) 2, 3" in message and "vime.envs.prompt_group(args, inp)" in message
+    assert info.value.non_retryable and "\n" not in message
