@@ -144,3 +144,18 @@ def test_an_environment_that_ignores_evaluation_stops_the_round_in_one_line_nami
     message = str(info.value)
     assert "MyGroupWorkflow stored rollout id(s) 2, 3" in message and "vime.envs.prompt_group(args, inp)" in message
     assert info.value.non_retryable and "\n" not in message
+
+
+def test_vime_eval_of_the_coding_agent_is_a_new_eval_run_when_an_agent_flag_changes(tmp_path, tiny_model_dir,
+                                                                                  monkeypatch):
+    from examples.coding_agent_rl.gold_edits import write_prompts
+    from examples.coding_agent_rl.tasks.prepare import load_tasks
+    from vime.launcher.eval_command import parse_eval_command
+
+    monkeypatch.chdir(tmp_path)
+    heldout = write_prompts(load_tasks()[4:6], tmp_path / "heldout.jsonl")
+    argv = ["--hf-checkpoint", str(tiny_model_dir), "--rollout-env", "coding_agent", "--input-key", "prompt",
+            "--eval-prompt-data", "heldout", str(heldout), "--agent-max-turns", "4"]
+    first, again = parse_eval_command(argv), parse_eval_command(argv)
+    assert first.args.run_id == again.args.run_id  # the same command resumes the same eval run
+    assert parse_eval_command([*argv, "--agent-max-turns", "8"]).args.run_id != first.args.run_id
