@@ -79,8 +79,8 @@ async def fan_out_children(inp: GroupInput, run: Callable[..., Any], make_input:
     inside it) fails the group with a non-retryable `ConfigError` naming the rollout and the root
     cause; a cancellation goes on as one."""
     # an eval rollout is found with its round's groups: VimeEval=true (training's children: as before)
-    tagged = {"search_attributes": TypedSearchAttributes([RUN_ID.value_set(inp.run_id), EVAL.value_set(True)])} \
-        if inp.evaluation else {}
+    tagged = {"search_attributes": TypedSearchAttributes(
+        [*starting_search_attributes(inp).search_attributes, EVAL.value_set(True)])} if inp.evaluation else {}
 
     async def one(i: int) -> Any:
         try:
