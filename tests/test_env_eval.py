@@ -12,8 +12,8 @@ import json
 import pytest
 
 from vime.config.args import parse_args
-from vime.envs import (GroupInput, SampleInput, TurnLog, check_policy, prompt_file, prompt_group, prompt_sample,
-                       sampling_params, store_group, store_rollout, stored_group)
+from vime.envs import (GroupInput, SampleInput, TurnLog, check_policy, group_args, prompt_file, prompt_group,
+                       prompt_sample, sampling_params, store_group, store_rollout, stored_group)
 from vime.rollout.policy_check import StalePolicyError
 from vime.store import SampleStore
 from vime.types import Sample
@@ -159,3 +159,19 @@ def test_vime_eval_of_the_coding_agent_is_a_new_eval_run_when_an_agent_flag_chan
     first, again = parse_eval_command(argv), parse_eval_command(argv)
     assert first.args.run_id == again.args.run_id  # the same command resumes the same eval run
     assert parse_eval_command([*argv, "--agent-max-turns", "8"]).args.run_id != first.args.run_id
+
+
+async def test_an_eval_config_sets_own_sampling_reaches_the_environment_through_the_sdk(tmp_path, tiny_model_dir):
+    train = write_jsonl(tmp_path / "train.jsonl", [{"input": "train 0", "label": "t"}])
+    held = write_jsonl(tmp_path / "held.jsonl", [{"input": "held 0", "label": "h"}])
+    (tmp_path / "eval.yaml").write_text(
+        f"eval:\n  datasets:\n    - name: held\n      path: {held}\n      temperature: 0.5\n"
+        "      n_samples_per_eval_prompt: 2\n")
+    args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--run-dir", str(tmp_path / "run"),
+                       "--prompt-data", train, "--eval-config", str(tmp_path / "eval.yaml"),
+                       "--eval-temperature", "0.25"])
+    inp = GroupInput("r", 0, 0, 0, evaluation=True, eval_set="held", n_samples_per_prompt=2)
+    group = await prompt_group(args, inp)
+    assert [s.rollout_id for s in group] == ["eval0-held-0", "eval0-held-1"]  # the set's own samples per prompt
+    assert sampling_params(args, inp, group[0])["temperature"] == 0.5  # the set's, over --eval-temperature
+    assert group_args(args, inp).eval_temperature == 0.5 and group_args(args, 0) is args

@@ -37,7 +37,7 @@ from temporalio import activity
 from vime.envs.base import EnvContext
 from vime.envs.contract import GroupInput, GroupOutput, SampleInput, summarize
 from vime.rollout.data_source import make_data_source
-from vime.rollout.eval_data import eval_prompt_group, eval_rollout_id, eval_sets
+from vime.rollout.eval_data import eval_prompt_group, eval_rollout_id, eval_set_args, eval_sets
 from vime.rollout.policy_check import check_on_policy, check_one_version
 from vime.temporal.heartbeat import heartbeating
 from vime.temporal.retry import final_config_errors
@@ -82,11 +82,21 @@ def prompt_file(args: Any, where: int | GroupInput | SampleInput) -> str | None:
     return dict(eval_sets(args)).get(where.eval_set) if evaluation else args.prompt_data
 
 
+def group_args(args: Any, where: Any) -> Any:
+    """The config a group is sampled and scored with: the run's `args`, or in an eval round its
+    set's view of them (`--eval-config`'s settings for the set laid over the flags they stand for:
+    sampling, reward, generate function). `where`: a position, or any input with `evaluation` and
+    `eval_set` (a group's, a sample's, an environment's own)."""
+    return eval_set_args(args, where.eval_set) if getattr(where, "evaluation", False) else args
+
+
 def sampling_params(args: Any, where: int | GroupInput | SampleInput, sample: Sample) -> dict[str, Any]:
     """The sampling parameters of `sample` (seeded by its index): the rollout's, or in an eval
-    group the `--eval-*` ones where given (`--eval-temperature`, `--eval-max-response-len`, ...)."""
+    group the eval ones where given (`--eval-temperature`, `--eval-max-response-len`, the set's
+    own with `--eval-config`)."""
     from vime.rollout.sampling import params_for_sample, sampling_params_from_args
 
+    args = group_args(args, where)
     return params_for_sample(sampling_params_from_args(args, _where(where)[1]), args, sample)
 
 
@@ -170,7 +180,7 @@ def group_activity(name: str, ctx: EnvContext, reward: Callable[..., Any] | None
             ids = [s.rollout_id for s in group]
             if (done := await stored_group(store, inp, ids)) is not None:
                 return done
-            rollouts = await run_group(args, group, evaluation=inp.evaluation, reward=reward)
+            rollouts = await run_group(group_args(args, inp), group, evaluation=inp.evaluation, reward=reward)
             samples = [s for rollout in rollouts for s in rollout]
             infra = next((s.metadata["infra_failure"] for s in samples if s.metadata.get("infra_failure")), None)
             if infra is not None:  # stored whole or not at all: the retry generates the group again

@@ -27,7 +27,7 @@ from vime.envs.coding_agent.sandbox_activities import attach
 from vime.temporal.store_calls import store_call
 from vime.envs.base import EnvContext, EnvWorkers
 from vime.envs.contract import SampleInput
-from vime.envs.rollouts import check_policy, prompt_file, prompt_group, store_rollout
+from vime.envs.rollouts import check_policy, group_args, prompt_file, prompt_group, store_rollout
 from vime.envs.coding_agent.config import shared_adapter
 from vime.envs.coding_agent.task import coding_task
 from vime.agent.fanout import trajectory_to_samples
@@ -80,7 +80,7 @@ class CodingAgentActivities:
     async def agent_session(self, inp: SessionInput) -> SessionOutput:
         from vime.envs.coding_agent.session import run_session  # the harnesses import the anthropic SDK
 
-        args = await self.ctx.run_args(inp.run_id)
+        args = group_args(await self.ctx.run_args(inp.run_id), inp)  # an eval set's own settings (--eval-config)
         sbx = await attach(args, inp.sandbox_id)
         recorder = TrajectoryRecorder(self.store, inp.run_id, inp.task.rollout_id)
         restored = await store_call(recorder.load)

@@ -87,6 +87,7 @@ class SessionInput:
     sandbox_id: str
     weight_version: int
     evaluation: bool = False  # an eval rollout: sampled with the eval settings, exactly `weight_version`
+    eval_set: str | None = None
 
 
 @dataclass
@@ -293,7 +294,8 @@ class CodingAgentRolloutWorkflow:
             try:
                 self._enter("session")
                 session = await _stopped_on_cancel(workflow.start_activity(
-                    AGENT_SESSION, SessionInput(inp.run_id, task, ref.sandbox_id, inp.weight_version, inp.evaluation),
+                    AGENT_SESSION, SessionInput(inp.run_id, task, ref.sandbox_id, inp.weight_version, inp.evaluation,
+                                              inp.eval_set),
                     result_type=SessionOutput, **self._on_host(inp, ref), start_to_close_timeout=timedelta(hours=4),
                     heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds),
                     retry_policy=_retry(inp.session_attempts, SANDBOX_LOST),

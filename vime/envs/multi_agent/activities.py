@@ -21,8 +21,8 @@ from typing import Any
 
 from temporalio import activity
 
-from vime.envs import (EnvContext, EnvWorkers, check_policy, final_config_errors, heartbeating, prompt_group,
-                       sampling_params, store_call, store_rollout)
+from vime.envs import (EnvContext, EnvWorkers, check_policy, final_config_errors, group_args, heartbeating,
+                       prompt_group, sampling_params, store_call, store_rollout)
 from vime.envs.multi_agent import roles, task
 from vime.envs.multi_agent.flags import multi_agent_flags
 from vime.envs.multi_agent.workflow import (REWRITER, SELECTOR, SOLVERS, STORE, MultiAgentRolloutInput,
@@ -64,7 +64,7 @@ class MultiAgentActivities:
         args = await self.ctx.run_args(inp.run_id)
         base = (await prompt_group(args, inp))[inp.index]
         base.session_id = f"{inp.run_id}-{base.rollout_id}"
-        return args, base, sampling_params(args, inp, base)
+        return group_args(args, inp), base, sampling_params(args, inp, base)
 
     async def _stored(self, inp: MultiAgentRolloutInput, base: Sample) -> dict[int, Sample]:
         turns = await store_call(self.store.read_turns, inp.run_id, base.rollout_id)

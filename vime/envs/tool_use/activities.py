@@ -13,8 +13,8 @@ from typing import Any
 
 from temporalio import activity
 
-from vime.envs import (EnvContext, EnvWorkers, GroupInput, GroupOutput, TurnLog, final_config_errors, heartbeating,
-                       prompt_group, prompt_sample, sampling_params, store_group, stored_group)
+from vime.envs import (EnvContext, EnvWorkers, GroupInput, GroupOutput, TurnLog, final_config_errors, group_args,
+                       heartbeating, prompt_group, prompt_sample, sampling_params, store_group, stored_group)
 from vime.envs.tool_use.flags import tool_use_config
 from vime.envs.tool_use.rollout import Tool, replay, reward, run_tool_rollout
 from vime.envs.tool_use.tool import run_code, tool_sandbox
@@ -38,6 +38,7 @@ class ToolUseActivities:
     async def tool_use_rollout(self, inp: ToolUseRolloutInput) -> ToolUseRolloutOutput:
         args = await self.ctx.run_args(inp.run_id)
         sample = await prompt_sample(args, inp)
+        args = group_args(args, inp)  # an eval set's own settings (--eval-config)
         rid, config, engine = sample.rollout_id, tool_use_config(args), self.engine(args)
 
         async def generate(ids: list[int], params: dict) -> Any:
