@@ -25,7 +25,7 @@ from vime.rollout.data_source import make_data_source
 from vime.rollout.eval_data import eval_dataset, eval_prompt_group, eval_rollout_id, eval_set_args, eval_sets
 from vime.rollout.eval_metrics import ScoredSample, round_metrics
 from vime.rollout.group import run_group
-from vime.rollout.policy_check import StalePolicyError, sampled_versions
+from vime.rollout.policy_check import check_one_version
 from vime.rollout.rewards import reward_value
 from vime.sample_summary import failure_class
 from vime.engine.weight_sync.checkpoint_load import engine_urls, load_checkpoint_weights
@@ -36,16 +36,6 @@ from vime.temporal.store_calls import store_call
 from vime.types import Sample
 from workflows.eval_round import EVAL_BY_FUNCTION, EVAL_PLAN, RECORD_EVAL, EvalPlan, EvalRoundInput, EvalSet
 from workflows.rollout import RolloutInput, RolloutOutput
-
-
-def check_one_version(samples: Iterable[Sample], version: int, what: str) -> None:
-    """Every sample was sampled by policy `version` and no other; raises `StalePolicyError`
-    (retried: sampled again once the servers hold the round's weights). A sample whose engine
-    reports no version (a hook's own engine) cannot be checked and passes."""
-    wrong = sorted({str(v) for s in samples for v in sampled_versions(s) if v != version})
-    if wrong:
-        raise StalePolicyError(f"{what}: sampled by policy version {', '.join(wrong)}, the round evaluates version "
-                               f"{version} (a server restarted on other weights); sampling again")
 
 
 def _mark(samples_by_rollout: dict[str, list[Sample]], version: int) -> None:
@@ -157,7 +147,7 @@ class EvalActivities:
                 return recorded.metrics
             args = self.runs.args(inp.run_id)
             by_set: dict[str, list[ScoredSample]] = {name: [] for name, _ in eval_sets(args)}
-            for _, s in self.store.iter_samples(inp.run_id, evaluation=True, eval_step=inp.step):
+            for s in _last_of_each_rollout(self.store.iter_samples(inp.run_id, evaluation=True, eval_step=inp.step)):
                 failed = s.status == Sample.Status.FAILED
                 by_set.setdefault(s.metadata.get("eval_set", "eval"), []).append(ScoredSample(
                     s.group_index if s.group_index is not None else -1,
@@ -173,6 +163,16 @@ def _samples_per_prompt(args: Any, name: str) -> int:
     """Set `name`'s samples per prompt (a set the hook made up: the flag's)."""
     known = name in dict(eval_sets(args))
     return (eval_set_args(args, name) if known else args).n_samples_per_eval_prompt
+
+
+def _last_of_each_rollout(stored: Iterable[tuple[Any, Sample]]) -> list[Sample]:
+    """One sample per eval rollout, its last sibling (the store yields them in write order): a
+    fan-out (an agent's segments, a team's roles) is one attempt at its prompt, scored once, as
+    the group summary counts it."""
+    last: dict[str, Sample] = {}
+    for ref, s in stored:
+        last[ref.rollout_id] = s
+    return list(last.values())
 
 
 def _by_set(output: Any) -> dict[str, list[Sample]]:

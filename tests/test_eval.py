@@ -131,8 +131,6 @@ def test_eval_flags_parse_as_slime_names_them_and_shape_eval_sampling(tmp_path):
     (["--eval-prompt-data", "a", "x.jsonl", "--eval-top-p", "0"], "--eval-top-p must be in (0, 1]"),
     (["--eval-prompt-data", "a", "x.jsonl", "--eval-max-response-len", "0"], "--eval-max-response-len must be a"),
     (["--eval-prompt-data", "a", "x.jsonl", "--eval-interval", "0"], "--eval-interval must be a positive"),
-    (["--eval-prompt-data", "a", "x.jsonl", "--eval-interval", "2", "--rollout-env", "coding_agent"],
-     "eval rounds run through the default environment"),
 ])
 def test_bad_eval_flags_are_one_line_before_anything_starts(tmp_path, argv, reason):
     with pytest.raises(ConfigError) as info:

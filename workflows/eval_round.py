@@ -172,9 +172,11 @@ class EvalRounds:
                                  local_activity=cfg.local_activities,
                                  n_samples_per_prompt=n,
                                  sandbox_task_queue=cfg.sandbox_task_queue)
-                return await workflow.execute_child_workflow(
+                out = await workflow.execute_child_workflow(
                     cfg.rollout_workflow, inp, id=eval_workflow_id(cfg.run_id, step, eval_set, position),
                     result_type=GroupOutput, search_attributes=eval_search_attributes(inp))
+                check_eval_ids(out, cfg.rollout_workflow, step, eval_set)
+                return out
             except ChildWorkflowError as e:
                 if is_cancelled_exception(e):
                     raise
@@ -182,3 +184,16 @@ class EvalRounds:
                                   f"{root_message(e)}") from e
             finally:
                 self.running -= 1
+
+
+def check_eval_ids(out: GroupOutput, group_workflow: str, step: int, eval_set: str) -> None:
+    """An environment's eval group came back under the round's eval rollout ids: one that ignored
+    `GroupInput.evaluation` (read a training prompt, stored under a training id) would mix eval
+    samples into training, so the run stops with the fix in one line."""
+    prefix = f"eval{step}-{eval_set}-"
+    wrong = [rid for rid in out.rollout_ids if not rid.startswith(prefix)]
+    if wrong:
+        raise final_error(f"eval group {out.position} of set {eval_set!r} (round at step {step}): {group_workflow} "
+                          f"stored rollout id(s) {', '.join(wrong[:3])}, not the round's eval ids ({prefix}<index>): "
+                          "the environment ignores GroupInput.evaluation; read prompts with "
+                          "vime.envs.prompt_group(args, inp) and store with vime.envs.store_group/store_rollout")

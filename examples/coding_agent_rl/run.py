@@ -8,7 +8,8 @@ Temporal database, `summary.txt`; prints one line per RL step and, at the end, t
 `temporal workflow list --query "RolloutStatus='completed'"` finds.
 
 `--preset rl-gain` (rl_gain.py) runs 20 RL steps on every training task each step and
-evaluates the checkpoints on training and held-out tasks: what RL adds after the warm start.
+evaluates on training and held-out tasks inside the run (`--eval-interval`): what RL adds after
+the warm start.
 """
 
 from __future__ import annotations
@@ -106,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     tasks = load_tasks()
     model = sft(run_dir, str(tiny_model_dir()), tasks[:count], sft_steps)
     write_prompts(tasks[:count], run_dir / "prompts.jsonl")
+    if gain:
+        rl_gain.write_eval_sets(run_dir, tasks)
     args = parse_args(rl_flags(run_dir, model, count) + preset_flags + argv)
     t0 = time.monotonic()
     resume = shlex.join([sys.executable, "-m", "examples.coding_agent_rl.run", *sys.argv[1:],
@@ -119,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     (run_dir / "summary.txt").write_text(line + "\n")
     print(line)
     if gain:
-        rl_gain.report(run_dir, args, tasks, model, sft_steps, state.metrics)
+        from vime.metrics_log import read_metrics
+
+        rl_gain.report(run_dir, sft_steps, read_metrics(run_dir))
     else:
         print(list_rollouts(run_dir, "RolloutStatus='completed'"))
     return 0

@@ -50,11 +50,11 @@ class ShoutActivities:
         from vime.envs import prompt_group, run_group, store_group, stored_group
 
         args = await self.ctx.run_args(inp.run_id)  # the run's flags: one worker serves many runs
-        group = await prompt_group(args, inp.position)
-        ids = [str(s.index) for s in group]
+        group = await prompt_group(args, inp)  # the group's input: an eval round's prompts come the same way
+        ids = [s.rollout_id for s in group]
         if (done := await stored_group(self.store, inp, ids)) is not None:  # a retry after the write
             return done
-        rollouts = await run_group(args, group, reward=self.reward)  # generate, then its own reward
+        rollouts = await run_group(args, group, evaluation=inp.evaluation, reward=self.reward)  # generate, then its own reward
         for samples in rollouts:
             for s in samples:
                 s.metadata["env"] = "shout"

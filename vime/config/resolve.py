@@ -144,9 +144,6 @@ def _check_eval_flags(args: Any) -> None:
         raise ConfigError(f"--eval-temperature must be >= 0 (0: greedy), got {args.eval_temperature}")
     if args.eval_top_p is not None and not 0 < args.eval_top_p <= 1:
         raise ConfigError(f"--eval-top-p must be in (0, 1], got {args.eval_top_p}")
-    if args.eval_interval is not None and args.rollout_env != "groups":
-        raise ConfigError(f"--eval-interval with --rollout-env {args.rollout_env}: eval rounds run through the "
-                          "default environment (groups) only so far; drop --eval-interval or use --rollout-env groups")
 
 
 def _take_eval_config(args: Any) -> None:

@@ -19,8 +19,9 @@ What this module offers, by where it runs:
   `fan_out_activities`, `execute_group_activity`, `finish_group`, `sample_workflow_id`,
   `rollout_retry_policy`;
 - activities (`vime.envs.rollouts`, `vime.temporal`): `group_activity` (a whole single-turn
-  group with the environment's own reward), `prompt_group`, `prompt_sample`, `store_group`,
-  `stored_group`, `TurnLog` (a multi-turn rollout's turns in the store),
+  group with the environment's own reward), `prompt_group`, `prompt_sample`, `prompt_file`,
+  `group_args`, `sampling_params`, `check_policy`, `store_group`, `store_rollout`, `stored_group`, `TurnLog`
+  (a multi-turn rollout's turns in the store); given the group's input they serve eval rounds too,
   `run_group`, `heartbeating`, `store_call`, `final_config_errors`;
 - sandboxes (`vime.sandbox`): `make_sandbox`, `run_program`, `ProgramResult`.
 
@@ -45,8 +46,8 @@ from vime.plugins import _import, load_function
 _LAZY = {
     **dict.fromkeys(("fan_out", "fan_out_children", "fan_out_activities", "execute_group_activity", "finish_group",
                      "sample_workflow_id"), "vime.envs.group_workflow"),
-    **dict.fromkeys(("group_activity", "prompt_group", "prompt_sample", "store_group", "stored_group", "TurnLog"),
-                    "vime.envs.rollouts"),
+    **dict.fromkeys(("group_activity", "prompt_group", "prompt_sample", "prompt_file", "group_args",
+                     "sampling_params", "check_policy", "store_group", "store_rollout", "stored_group", "TurnLog"), "vime.envs.rollouts"),
     **dict.fromkeys(("rollout_retry_policy", "final_config_errors", "CONFIG_ERROR"), "vime.temporal.retry"),
     "heartbeating": "vime.temporal.heartbeat",
     "store_call": "vime.temporal.store_calls",

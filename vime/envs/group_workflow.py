@@ -30,7 +30,7 @@ from temporalio.exceptions import ApplicationError, ChildWorkflowError, is_cance
 with workflow.unsafe.imports_passed_through():
     from vime.envs.contract import GroupInput, GroupOutput
     from vime.temporal.retry import CONFIG_ERROR, rollout_retry_policy, root_message
-    from vime.temporal.search_attributes import POLICY_VERSION, REWARD, ROLLOUT_ID, ROLLOUT_STATUS, RUN_ID
+    from vime.temporal.search_attributes import EVAL, POLICY_VERSION, REWARD, ROLLOUT_ID, ROLLOUT_STATUS, RUN_ID
 
 T = TypeVar("T")
 
@@ -45,6 +45,15 @@ def sample_workflow_id(run_id: str, position: int, index: int) -> str:
     """The id of a group's `index`-th per-sample child workflow: stable, so a retried start never
     duplicates it."""
     return f"{run_id}-rollout-{position}-{index}"
+
+
+def rollout_workflow_id(inp: GroupInput, index: int) -> str:
+    """The id of the group's `index`-th per-sample child: `sample_workflow_id` in training; in an
+    eval round the eval group's own id (workflows/eval_round.py) and the index, apart from the
+    training rollouts of the same position and from other rounds and sets."""
+    if inp.evaluation:
+        return f"{inp.run_id}-eval{inp.step}-{inp.eval_set}-{inp.position}-{index}"
+    return sample_workflow_id(inp.run_id, inp.position, index)
 
 
 def starting_search_attributes(inp: GroupInput) -> TypedSearchAttributes:
@@ -66,13 +75,16 @@ async def fan_out(inp: GroupInput, one: Callable[[int], Awaitable[T]]) -> list[T
 async def fan_out_children(inp: GroupInput, run: Callable[..., Any], make_input: Callable[[int], Any],
                            what: str) -> list[Any]:
     """One child workflow (`run`, e.g. `MyRolloutWorkflow.run`) per sample, with id
-    `sample_workflow_id`. A child that failed for good (its infra failures retry or are stored
+    `rollout_workflow_id`. A child that failed for good (its infra failures retry or are stored
     inside it) fails the group with a non-retryable `ConfigError` naming the rollout and the root
     cause; a cancellation goes on as one."""
+    # an eval rollout is found with its round's groups: VimeEval=true (training's children: as before)
+    tagged = {"search_attributes": TypedSearchAttributes(
+        [*starting_search_attributes(inp).search_attributes, EVAL.value_set(True)])} if inp.evaluation else {}
+
     async def one(i: int) -> Any:
         try:
-            return await workflow.execute_child_workflow(run, make_input(i),
-                                                         id=sample_workflow_id(inp.run_id, inp.position, i))
+            return await workflow.execute_child_workflow(run, make_input(i), id=rollout_workflow_id(inp, i), **tagged)
         except ChildWorkflowError as e:
             if is_cancelled_exception(e):  # the run is being cancelled
                 raise

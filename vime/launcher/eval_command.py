@@ -179,6 +179,8 @@ def eval_run_id(prefix: str, args: Any, checkpoints: list[EvalCheckpoint]) -> st
             **{f: getattr(args, f, None) for f in IDENTITY_FIELDS}}
     if args.eval_config_data is not None:  # --eval-config by its content (sets, settings, paths), not its path
         what["eval_config"] = args.eval_config_data["datasets"]
+    if args.env_args is not None:  # an environment's own flags (--agent-max-turns, ...) shape its eval samples too
+        what["env_args"] = str(args.env_args)
     digest = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return f"{re.sub(r'[^A-Za-z0-9_.-]', '-', prefix)[:60]}-eval-{digest}"
 

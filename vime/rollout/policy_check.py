@@ -70,3 +70,13 @@ def check_on_policy(samples: Iterable[Sample], min_version: int, what: str) -> N
         log.warning("rollout.stale_policy", group=what, report=report)
         raise StalePolicyError(f"{what}: {report} (a server restarted on other weights and is not synced yet); "
                                "sampling again once the trainer has pushed the current policy")
+
+
+def check_one_version(samples: Iterable[Sample], version: int, what: str) -> None:
+    """Every sample was sampled by policy `version` and no other (an eval round's rule); raises
+    `StalePolicyError` (retried: sampled again once the servers hold the round's weights). A
+    sample whose engine reports no version (a hook's own engine) cannot be checked and passes."""
+    wrong = sorted({str(v) for s in samples for v in sampled_versions(s) if v != version})
+    if wrong:
+        raise StalePolicyError(f"{what}: sampled by policy version {', '.join(wrong)}, the round evaluates version "
+                               f"{version} (a server restarted on other weights); sampling again")

@@ -19,7 +19,7 @@ from vime.types import Sample
 _SEED_MOD = 2**63
 
 
-def _eval_or(args: Any, name: str, evaluation: bool) -> Any:
+def eval_or(args: Any, name: str, evaluation: bool) -> Any:
     """`args.eval_<name>` during evaluation when set (`--eval-temperature`, `--eval-top-p`,
     `--eval-top-k`, `--eval-max-response-len`), else `args.rollout_<name>`."""
     if evaluation:
@@ -37,7 +37,7 @@ def sampling_params_from_args(args: Any, evaluation: bool = False) -> dict[str, 
     matches the sampled token ids, which always include the stop token.
     """
     def pick(name: str, default: Any) -> Any:
-        value = _eval_or(args, name, evaluation)
+        value = eval_or(args, name, evaluation)
         return default if value is None else value
 
     params: dict[str, Any] = {
@@ -47,14 +47,14 @@ def sampling_params_from_args(args: Any, evaluation: bool = False) -> dict[str, 
         "skip_special_tokens": bool(args.rollout_skip_special_tokens),
         "spaces_between_special_tokens": False,
     }
-    max_tokens = _eval_or(args, "max_response_len", evaluation)
+    max_tokens = eval_or(args, "max_response_len", evaluation)
     if max_tokens is not None:
         params["max_tokens"] = int(max_tokens)
-    stop = _eval_or(args, "stop", evaluation)
+    stop = eval_or(args, "stop", evaluation)
     if stop:
         params["stop"] = [stop] if isinstance(stop, str) else list(stop)
         params["include_stop_str_in_output"] = True
-    stop_token_ids = _eval_or(args, "stop_token_ids", evaluation)
+    stop_token_ids = eval_or(args, "stop_token_ids", evaluation)
     if stop_token_ids:
         params["stop_token_ids"] = [int(t) for t in stop_token_ids]
     return params

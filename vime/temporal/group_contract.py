@@ -41,12 +41,15 @@ class SampleInput:
     index: int  # which sample of the group
     weight_version: int
     heartbeat_seconds: float = 60.0
+    evaluation: bool = False  # the group's: a sample of an eval prompt (see GroupInput)
+    eval_set: str | None = None
 
     @classmethod
     def of(cls, group: GroupInput, index: int, **extra):
         """Sample `index` of `group`, with the subclass's own fields in `extra`."""
         return cls(group.run_id, group.step, group.position, index, group.weight_version,
-                   heartbeat_seconds=group.heartbeat_seconds, **extra)
+                   heartbeat_seconds=group.heartbeat_seconds, evaluation=group.evaluation, eval_set=group.eval_set,
+                   **extra)
 
 
 @dataclass

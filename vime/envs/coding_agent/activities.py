@@ -26,7 +26,8 @@ from vime.temporal.heartbeat import heartbeating
 from vime.envs.coding_agent.sandbox_activities import attach
 from vime.temporal.store_calls import store_call
 from vime.envs.base import EnvContext, EnvWorkers
-from vime.envs.rollouts import prompt_group
+from vime.envs.contract import SampleInput
+from vime.envs.rollouts import check_policy, group_args, prompt_file, prompt_group, store_rollout
 from vime.envs.coding_agent.config import shared_adapter
 from vime.envs.coding_agent.task import coding_task
 from vime.agent.fanout import trajectory_to_samples
@@ -45,8 +46,8 @@ log = get_logger(__name__)
 
 def task_from_sample(sample: Sample, data_dir: Path) -> AgentTask:
     task = coding_task(sample, data_dir)
-    return AgentTask(str(sample.index), sample.group_index, sample.index, task.prompt, task.repo_dir,
-                     task.test_command, task.task_id)
+    return AgentTask(sample.rollout_id or str(sample.index), sample.group_index, sample.index, task.prompt,
+                     task.repo_dir, task.test_command, task.task_id)
 
 
 def _failure_class(inp: StoreInput) -> str:
@@ -68,10 +69,10 @@ class CodingAgentActivities:
     @activity.defn(name="agent_task")
     async def agent_task(self, inp: AgentRolloutInput) -> AgentTask:
         args = await self.ctx.run_args(inp.run_id)
-        group = await prompt_group(args, inp.position)
+        group = await prompt_group(args, inp)  # a training prompt's, or an eval prompt's in an eval round
         if not 0 <= inp.index < len(group):
             raise ConfigError(f"sample {inp.index} of prompt group {inp.position}: the group has {len(group)}")
-        return task_from_sample(group[inp.index], Path(args.prompt_data or ".").resolve().parent)
+        return task_from_sample(group[inp.index], Path(prompt_file(args, inp) or ".").resolve().parent)
 
     # ---- the session -----------------------------------------------------------------------
 
@@ -79,7 +80,7 @@ class CodingAgentActivities:
     async def agent_session(self, inp: SessionInput) -> SessionOutput:
         from vime.envs.coding_agent.session import run_session  # the harnesses import the anthropic SDK
 
-        args = await self.ctx.run_args(inp.run_id)
+        args = group_args(await self.ctx.run_args(inp.run_id), inp)  # an eval set's own settings (--eval-config)
         sbx = await attach(args, inp.sandbox_id)
         recorder = TrajectoryRecorder(self.store, inp.run_id, inp.task.rollout_id)
         restored = await store_call(recorder.load)
@@ -90,6 +91,9 @@ class CodingAgentActivities:
         adapter = await shared_adapter(args)
 
         async def checkpoint(chains, agent_state: dict) -> None:
+            # a step sampled by the wrong weights is not stored: the retried session samples it again
+            check_policy([Sample(weight_versions=[v for t in seg.turns for v in t.weight_versions])
+                          for segs in chains.values() for seg in segs], inp, f"rollout {inp.task.rollout_id}")
             info = activity.info()
             turn = await store_call(recorder.save, chains, agent_state, await capture_diff(sbx),
                                     attempt=f"{info.activity_id}#{info.attempt}")
@@ -98,7 +102,7 @@ class CodingAgentActivities:
         async with heartbeating():
             info = activity.info()
             return await run_session(args, adapter, sbx, inp.run_id, inp.task, restored, checkpoint,
-                                     attempt=f"{info.activity_id}.{info.attempt}")
+                                     attempt=f"{info.activity_id}.{info.attempt}", evaluation=inp.evaluation)
 
     # ---- storing ---------------------------------------------------------------------------
 
@@ -106,7 +110,9 @@ class CodingAgentActivities:
     async def store_agent_rollout(self, inp: StoreInput) -> AgentRolloutOutput:
         task, args = inp.task, await self.ctx.run_args(inp.run_id)
         chains = (await store_call(TrajectoryRecorder(self.store, inp.run_id, task.rollout_id).load)).chains
-        base = next((s for s in await prompt_group(args, task.group_index) if s.index == task.index), None)
+        where = SampleInput(inp.run_id, inp.step, task.group_index, 0, inp.weight_version, evaluation=inp.evaluation,
+                            eval_set=inp.eval_set)
+        base = next((s for s in await prompt_group(args, where) if s.index == task.index), None)
         if base is None:  # the group's size is the run's --n-samples-per-prompt, as when agent_task resolved it
             raise ConfigError(f"rollout {task.rollout_id}: no sample {task.index} in prompt group {task.group_index}")
         base.metadata = {**(base.metadata or {}), "weight_version": inp.weight_version, "task_id": task.task_id,
@@ -119,7 +125,8 @@ class CodingAgentActivities:
         if inp.infra_failure:
             for s in samples:
                 s.status = Sample.Status.FAILED
-        refs = await store_call(self.store.write_rollout, inp.run_id, task.rollout_id, samples) if samples else []
+        refs = await store_rollout(self.store, where, task.rollout_id, samples,
+                                   check=not inp.infra_failure) if samples else []
         status = "failed" if inp.infra_failure else "completed"
         ref = RolloutRef(inp.run_id, task.rollout_id, refs, inp.weight_version,
                          inp.infra_failure or (None if samples else "the agent sampled nothing"))

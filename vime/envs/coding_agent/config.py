@@ -11,16 +11,19 @@ from typing import Any
 from vime.agent.shared_adapter import close_shared_adapters, shared_adapter  # noqa: F401 - the agent's adapter
 from vime.envs.coding_agent.agent import AgentConfig
 from vime.envs.coding_agent.flags import coding_flags
+from vime.rollout.sampling import eval_or
 
 
-def sampling_defaults(args: Any) -> dict[str, Any]:
-    """vLLM sampling parameters of every agent turn (the adapter session's defaults)."""
-    params: dict[str, Any] = {"temperature": args.rollout_temperature, "max_tokens": coding_flags(args).agent_max_tokens}
-    for name, key in (("rollout_top_p", "top_p"), ("rollout_top_k", "top_k"), ("rollout_stop", "stop"),
-                      ("rollout_stop_token_ids", "stop_token_ids")):
-        value = getattr(args, name)
+def sampling_defaults(args: Any, evaluation: bool = False) -> dict[str, Any]:
+    """vLLM sampling parameters of every agent turn (the adapter session's defaults); in an eval
+    rollout `--eval-temperature`, `--eval-top-p` and `--eval-top-k` where given. A turn's
+    `max_tokens` stays `--agent-max-tokens` (the session's budget is `--agent-max-turns`)."""
+    params: dict[str, Any] = {"temperature": eval_or(args, "temperature", evaluation),
+                              "max_tokens": coding_flags(args).agent_max_tokens}
+    for name in ("top_p", "top_k", "stop", "stop_token_ids"):
+        value = eval_or(args, name, evaluation)
         if value is not None:
-            params[key] = value
+            params[name] = value
     return params
 
 

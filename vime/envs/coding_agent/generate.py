@@ -27,13 +27,15 @@ from vime.agent.fanout import trajectory_to_samples
 from vime.sandbox import make_sandbox
 from vime.sandbox.git import capture_diff, init_base
 from vime.rollout.generate import fail
+from vime.rollout.eval_data import eval_sets
 from vime.types import Sample
 
 async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any],
                    evaluation: bool = False) -> list[Sample]:
-    task = coding_task(sample, Path(args.prompt_data or ".").resolve().parent)
+    source = dict(eval_sets(args)).get(sample.metadata.get("eval_set")) if evaluation else args.prompt_data
+    task = coding_task(sample, Path(source or ".").resolve().parent)  # repositories are relative to their file
     adapter = await shared_adapter(args)
-    defaults = {**sampling_defaults(args), **{k: v for k, v in sampling_params.items() if k in ("temperature", "top_p", "top_k", "seed")}}
+    defaults = {**sampling_defaults(args, evaluation), **{k: v for k, v in sampling_params.items() if k in ("temperature", "top_p", "top_k", "seed")}}
     async with make_sandbox(args.sandbox_backend, **sandbox_options(args, task.repo_dir)) as sbx:
         await init_base(sbx)
         run = await run_coding_agent(adapter, sbx, task.prompt, session_prefix=f"{sample.index}-{uuid.uuid4().hex[:8]}",

@@ -29,11 +29,11 @@ Checkpoint = Callable[[dict[str, list[Segment]], dict], Awaitable[None]]
 
 
 async def run_session(args: Any, adapter: Any, sandbox: Sandbox, run_id: str, task: AgentTask, restored: Restored,
-                      checkpoint: Checkpoint, *, attempt: str) -> SessionOutput:
+                      checkpoint: Checkpoint, *, attempt: str, evaluation: bool = False) -> SessionOutput:
     prefix = f"{run_id}/{task.rollout_id}@{attempt}"
+    defaults = sampling_defaults(args, evaluation)
     if coding_flags(args).agent_harness == "claude_code":
-        return await _claude_code(args, adapter, sandbox, prefix, task, restored, checkpoint)
-    defaults = sampling_defaults(args)
+        return await _claude_code(args, adapter, sandbox, prefix, task, restored, checkpoint, defaults)
     state = AgentState.from_dict(restored.agent_state) if restored.agent_state else AgentState.new(task.prompt)
     sessions: dict[str, str] = {}
     for name, chain in state.chains.items():  # reopen the chains of the stored steps, segments and all
@@ -61,14 +61,14 @@ async def run_session(args: Any, adapter: Any, sandbox: Sandbox, run_id: str, ta
 
 
 async def _claude_code(args: Any, adapter: Any, sandbox: Sandbox, prefix: str, task: AgentTask, restored: Restored,
-                       checkpoint: Checkpoint) -> SessionOutput:
+                       checkpoint: Checkpoint, defaults: dict[str, Any]) -> SessionOutput:
     from vime.envs.coding_agent.claude_code import run_claude_code
 
     if restored.agent_state is not None:  # stored when the CLI exited: the session is done
         stored = restored.agent_state
         return SessionOutput(stored.get("turns", 0), stored.get("stop_reason", ""), stored.get("finished", False))
     session_id = f"{prefix}/main"
-    adapter.open_session(session_id, sampling_defaults(args))
+    adapter.open_session(session_id, defaults)
     try:
         result = await run_claude_code(sandbox, await adapter.start(), session_id, task.prompt,
                                        max_turns=coding_flags(args).agent_max_turns)

@@ -86,6 +86,8 @@ class SessionInput:
     task: AgentTask
     sandbox_id: str
     weight_version: int
+    evaluation: bool = False  # an eval rollout: sampled with the eval settings, exactly `weight_version`
+    eval_set: str | None = None
 
 
 @dataclass
@@ -148,6 +150,9 @@ class StoreInput:
     diff: str = ""
     diff_id: str = ""
     infra_failure: str | None = None
+    step: int = 0  # the rollout's group's (an eval rollout: its round, stored as the round's)
+    evaluation: bool = False
+    eval_set: str | None = None
 
 
 @dataclass
@@ -241,7 +246,8 @@ class CodingAgentRolloutWorkflow:
         ])
         workflow.upsert_memo({"trajectory_id": trajectory_id, "task_id": task.task_id})
 
-        store = StoreInput(inp.run_id, task, inp.weight_version, reward=None, outcome="")
+        store = StoreInput(inp.run_id, task, inp.weight_version, reward=None, outcome="", step=inp.step,
+                           evaluation=inp.evaluation, eval_set=inp.eval_set)
         turns = 0
         try:
             session, diff = await self._in_sandbox(inp, task)
@@ -288,7 +294,8 @@ class CodingAgentRolloutWorkflow:
             try:
                 self._enter("session")
                 session = await _stopped_on_cancel(workflow.start_activity(
-                    AGENT_SESSION, SessionInput(inp.run_id, task, ref.sandbox_id, inp.weight_version),
+                    AGENT_SESSION, SessionInput(inp.run_id, task, ref.sandbox_id, inp.weight_version, inp.evaluation,
+                                              inp.eval_set),
                     result_type=SessionOutput, **self._on_host(inp, ref), start_to_close_timeout=timedelta(hours=4),
                     heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds),
                     retry_policy=_retry(inp.session_attempts, SANDBOX_LOST),

@@ -21,12 +21,12 @@ from typing import Any
 
 from temporalio import activity
 
-from vime.envs import EnvContext, EnvWorkers, final_config_errors, heartbeating, prompt_group, store_call
+from vime.envs import (EnvContext, EnvWorkers, check_policy, final_config_errors, group_args, heartbeating,
+                       prompt_group, sampling_params, store_call, store_rollout)
 from vime.envs.multi_agent import roles, task
 from vime.envs.multi_agent.flags import multi_agent_flags
 from vime.envs.multi_agent.workflow import (REWRITER, SELECTOR, SOLVERS, STORE, MultiAgentRolloutInput,
                                            MultiAgentRolloutOutput, RoleOutput)
-from vime.rollout.sampling import params_for_sample, sampling_params_from_args
 from vime.store.queries import Turn
 from vime.types import RolloutRef, Sample
 
@@ -59,24 +59,28 @@ class MultiAgentActivities:
         self.ctx, self.store, self.score, self.reward = ctx, ctx.store, score, reward
 
     async def _base(self, inp: MultiAgentRolloutInput) -> tuple[Any, Sample, dict[str, Any]]:
-        """The run's args, the rollout's data-source sample and its sampling parameters (seeded by its index)."""
+        """The run's args, the rollout's sample (a training or an eval prompt's, its `rollout_id`
+        the store's key) and its sampling parameters (seeded by its index)."""
         args = await self.ctx.run_args(inp.run_id)
-        base = (await prompt_group(args, inp.position))[inp.index]
-        base.session_id = f"{inp.run_id}-{base.index}"
-        return args, base, params_for_sample(sampling_params_from_args(args), args, base)
+        base = (await prompt_group(args, inp))[inp.index]
+        base.session_id = f"{inp.run_id}-{base.rollout_id}"
+        return group_args(args, inp), base, sampling_params(args, inp, base)
 
     async def _stored(self, inp: MultiAgentRolloutInput, base: Sample) -> dict[int, Sample]:
-        turns = await store_call(self.store.read_turns, inp.run_id, str(base.index))
+        turns = await store_call(self.store.read_turns, inp.run_id, base.rollout_id)
         return {t.turn: turn_sample(t) for t in turns}
 
     async def _save(self, inp: MultiAgentRolloutInput, base: Sample, samples: list[Sample]) -> None:
+        """The role's turns, checked against the rollout's policy version first (a turn from the
+        wrong weights is not stored: the retried role samples it again)."""
+        check_policy(samples, inp, f"rollout {base.rollout_id}")
         info = activity.info()
         for s in sorted(samples, key=lambda s: s.metadata["turn"]):
             s.metadata["sampled_by"] = f"{info.activity_id}#{info.attempt}"
-            await store_call(self.store.append_turn, inp.run_id, str(base.index), **turn_record(s))
+            await store_call(self.store.append_turn, inp.run_id, base.rollout_id, **turn_record(s))
 
     def _output(self, role: str, base: Sample, samples: list[Sample]) -> RoleOutput:
-        return RoleOutput(role, str(base.index), [s.metadata["turn"] for s in samples],
+        return RoleOutput(role, base.rollout_id, [s.metadata["turn"] for s in samples],
                           [float(s.metadata["score"]) for s in samples], sum(task.usable(s) for s in samples),
                           samples[-1].metadata.get("pick") if role == "selector" else None,
                           ",".join(sorted({s.metadata.get("sampled_by", "") for s in samples})))
@@ -124,14 +128,13 @@ class MultiAgentActivities:
         """The stored turns as the rollout's samples, rewarded, written once (a retry gets the
         stored refs back)."""
         args, base, _ = await self._base(inp)
-        rollout_id = str(base.index)
+        rollout_id = base.rollout_id
         stored = await self._stored(inp, base)
         samples = [stored[t] for t in sorted(stored)]
         correct = await roles.pay(self.reward, args, samples)
         for s in samples:
-            s.rollout_id = rollout_id
             s.metadata["weight_version"] = inp.weight_version
-        refs = await store_call(self.store.write_rollout, inp.run_id, rollout_id, samples)
+        refs = await store_rollout(self.store, inp, rollout_id, samples)
         return MultiAgentRolloutOutput(RolloutRef(inp.run_id, rollout_id, refs, inp.weight_version),
                                        sum(s.reward for s in samples) / len(samples), correct,
                                        [s.metadata["role"] for s in samples])

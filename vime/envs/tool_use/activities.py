@@ -13,15 +13,14 @@ from typing import Any
 
 from temporalio import activity
 
-from vime.envs import (EnvContext, EnvWorkers, GroupInput, GroupOutput, TurnLog, final_config_errors, heartbeating,
-                       prompt_group, prompt_sample, store_group, stored_group)
+from vime.envs import (EnvContext, EnvWorkers, GroupInput, GroupOutput, TurnLog, final_config_errors, group_args,
+                       heartbeating, prompt_group, prompt_sample, sampling_params, store_group, stored_group)
 from vime.envs.tool_use.flags import tool_use_config
 from vime.envs.tool_use.rollout import Tool, replay, reward, run_tool_rollout
 from vime.envs.tool_use.tool import run_code, tool_sandbox
 from vime.envs.tool_use.workflow import ToolUseRolloutInput, ToolUseRolloutOutput
 from vime.errors import ConfigError
 from vime.rollout.generate import get_engine_client
-from vime.rollout.sampling import params_for_sample, sampling_params_from_args
 from vime.rollout.tokenization import tokenizer_for
 
 
@@ -38,8 +37,9 @@ class ToolUseActivities:
     @final_config_errors
     async def tool_use_rollout(self, inp: ToolUseRolloutInput) -> ToolUseRolloutOutput:
         args = await self.ctx.run_args(inp.run_id)
-        sample = await prompt_sample(args, inp.position, inp.index)
-        rid, config, engine = str(sample.index), tool_use_config(args), self.engine(args)
+        sample = await prompt_sample(args, inp)
+        args = group_args(args, inp)  # an eval set's own settings (--eval-config)
+        rid, config, engine = sample.rollout_id, tool_use_config(args), self.engine(args)
 
         async def generate(ids: list[int], params: dict) -> Any:
             return await engine.generate(ids, params, session_id=f"{inp.run_id}-{rid}")
@@ -47,8 +47,8 @@ class ToolUseActivities:
         async with heartbeating(), tool_sandbox(args.sandbox_backend, config.limits) as sandbox:
             sample = await run_tool_rollout(
                 sample, generate=generate, tokenizer=tokenizer_for(args), sandbox=sandbox,
-                params=params_for_sample(sampling_params_from_args(args), args, sample), config=config,
-                turn_log=TurnLog(self.store, inp.run_id, rid), on_turn=activity.heartbeat, tool=self.tool)
+                params=sampling_params(args, inp, sample), config=config,
+                turn_log=TurnLog(self.store, inp.run_id, rid, inp), on_turn=activity.heartbeat, tool=self.tool)
         meta = sample.metadata
         return ToolUseRolloutOutput(rid, len(meta.get("turns", [])), meta["tool_calls"], meta["resumed_at"])
 
@@ -56,13 +56,13 @@ class ToolUseActivities:
     @final_config_errors
     async def store_tool_use_group(self, inp: GroupInput) -> GroupOutput:
         args = await self.ctx.run_args(inp.run_id)
-        ids = [str(s.index) for s in await prompt_group(args, inp.position)]
+        ids = [s.rollout_id for s in await prompt_group(args, inp)]
         if (done := await stored_group(self.store, inp, ids)) is not None:  # a retry after the write
             return done
         rollouts = {}
         async with heartbeating():  # the group workflow waits on its heartbeats (`execute_group_activity`)
             for index, rid in enumerate(ids):
-                sample = await prompt_sample(args, inp.position, index)
+                sample = await prompt_sample(args, inp, index)
                 if not (turns := await TurnLog(self.store, inp.run_id, rid).read()):
                     raise ConfigError(f"tool_use: rollout {rid} of group {inp.position} has no stored turn")
                 sample.response_length, sample.loss_mask, sample.rollout_log_probs = 0, [], []

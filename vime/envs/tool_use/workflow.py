@@ -34,6 +34,9 @@ class ToolUseRolloutInput:
     position: int  # the prompt group
     index: int  # which sample of the group (0..n-1)
     weight_version: int
+    step: int = 0  # the group's (an eval group's round)
+    evaluation: bool = False  # an eval prompt's sample (see GroupInput)
+    eval_set: str | None = None
 
 
 @dataclass
@@ -49,5 +52,6 @@ class ToolUseGroupWorkflow:
     @workflow.run
     async def run(self, inp: GroupInput) -> GroupOutput:
         await fan_out_activities(inp, TOOL_USE_ROLLOUT, lambda i: ToolUseRolloutInput(
-            inp.run_id, inp.position, i, inp.weight_version), ToolUseRolloutOutput)
+            inp.run_id, inp.position, i, inp.weight_version, inp.step, inp.evaluation, inp.eval_set),
+            ToolUseRolloutOutput)
         return finish_group(await execute_group_activity(inp, STORE_TOOL_USE_GROUP, timedelta(minutes=10)))
