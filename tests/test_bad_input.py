@@ -156,14 +156,14 @@ def test_a_bad_eval_config_is_one_line_per_problem_before_anything_starts(tiny_m
     """Every problem of the file at once, one line each naming the file and the key path; then, the
     file fixed, a set whose records lack its own input key. Nothing started, nothing written."""
     config = write(tmp_path / "eval.yaml", "eval:\n  datasets:\n    - {name: aime, path: aime.jsonl, "
-                   "n_samples_per_eval_prompt: 0}\n    - {name: aime, path: b.jsonl, stop: x}\n")
+                   "n_samples_per_eval_prompt: 0}\n    - {name: aime, path: b.jsonl, temprature: 0.5}\n")
     run = TrainRun(tmp_path, tiny_model_dir, "--vllm-router-ip", "127.0.0.1", "--vllm-router-port", "9",
                    "--eval-interval", "2", "--eval-config", str(config))
     t0 = time.monotonic()
     assert run.run_to_end(120) == 2
     first = one_line_error(run.output())
     assert first.endswith(f"{config}: eval.datasets[0].n_samples_per_eval_prompt: must be a positive integer, got 0")
-    assert f"{config}: eval.datasets[1].stop: unknown key; allowed: name, path, input_key" in run.output()
+    assert f"{config}: eval.datasets[1].temprature: unknown key; allowed: name, path, input_key" in run.output()
     assert f"{config}: eval.datasets[1].name: 'aime' is also eval.datasets[0]'s name" in run.output()
     assert time.monotonic() - t0 < 30 and not run.run_dir.exists()
 
@@ -172,6 +172,7 @@ def test_a_bad_eval_config_is_one_line_per_problem_before_anything_starts(tiny_m
     assert run.run_to_end(120) == 2
     line = one_line_error(run.output(2))
     assert f"{config}: eval.datasets[0].path {tmp_path / 'aime.jsonl'}:1: no key 'problem'" in line, line
+    assert line.endswith(f"set the set's input_key ({config}: eval.datasets[0]) to the key that holds the prompt")
     assert not run.run_dir.exists()
 
 

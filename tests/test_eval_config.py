@@ -224,6 +224,18 @@ def test_each_sets_file_is_checked_with_its_own_keys_before_start(tmp_path, conf
     with pytest.raises(ConfigError) as info:
         check_prompt_data(args)
     assert str(info.value).startswith(f"{config}: eval.datasets[0].path {sets[0]}:1: no key 'q'")
+    assert str(info.value).endswith(f"set the set's input_key ({config}: eval.datasets[0]) to the key that holds "
+                                    "the prompt")  # not --input-key: that would change the training data
+
+
+def test_an_eval_prompt_data_file_without_its_key_names_the_eval_key_flag(tmp_path):
+    write_jsonl(tmp_path / "p.jsonl", [{"input": "x"}] * 2)
+    write_jsonl(tmp_path / "h.jsonl", [{"question": "x"}] * 2)
+    args = make_args(tmp_path, "--prompt-data", str(tmp_path / "p.jsonl"),
+                     "--eval-prompt-data", "heldout", str(tmp_path / "h.jsonl"))
+    with pytest.raises(ConfigError) as info:
+        check_prompt_data(args)
+    assert str(info.value).endswith("set --eval-input-key to the key that holds the prompt")
 
 
 @pytest.mark.parametrize("setting, line", [

@@ -376,28 +376,39 @@ def _record_to_sample(
     return Sample(prompt=prompt, label=label, metadata=metadata), tools
 
 
+def input_key_flag(flag: str) -> str:
+    """What sets the prompt key of the file `flag` names: an eval set's key is not the training
+    `--input-key` (changing that would change the training data too)."""
+    if flag == "--prompt-data":
+        return "--input-key"
+    if flag == "--eval-prompt-data":
+        return "--eval-input-key"
+    return f"the set's input_key ({flag.removesuffix('.path')})"  # an --eval-config set: FILE: eval.datasets[i]
+
+
 def _record_fields(
     record: dict[str, Any], where: str, *, flag: str, input_key: str, label_key: str | None,
     metadata_key: str, tool_key: str | None,
 ) -> tuple[Any, Any, dict[str, Any], list[dict[str, Any]] | None]:
     """A record's prompt, label, metadata and tools, checked: a problem is a `BadRecord` naming
     `where` and the key. (No `Sample` is built, so checking a whole file stays fast.)"""
+    key_flag = input_key_flag(flag)
     if input_key not in record:
         raise BadRecord(f"{flag} {where}: no key {input_key!r} (the record has {sorted(record)})",
-                        kind=f"have no key {input_key!r}", fix="set --input-key to the key that holds the prompt")
+                        kind=f"have no key {input_key!r}", fix=f"set {key_flag} to the key that holds the prompt")
     prompt = record[input_key]
     if not isinstance(prompt, str) and not tokenization.is_messages(prompt):
         raise BadRecord(
             f"{flag} {where}: {input_key!r} must be a string or a list of chat messages, got {type(prompt).__name__}",
             kind=f"have a {input_key!r} that is neither a string nor chat messages",
-            fix="set --input-key to the key that holds the prompt")
+            fix=f"set {key_flag} to the key that holds the prompt")
     if tokenization.is_messages(prompt) and not all("role" in m for m in prompt):
         raise BadRecord(f"{flag} {where}: every message in {input_key!r} needs a 'role'",
                         kind=f"have a message without a 'role' in {input_key!r}",
                         fix="give each its role (system, user, assistant, tool)")
     if is_empty_prompt(prompt):
         raise BadRecord(f"{flag} {where}: {input_key!r} is empty ({_shown(prompt)})",
-                        kind=f"have an empty {input_key!r}", fix="remove them or fix --input-key")
+                        kind=f"have an empty {input_key!r}", fix=f"remove them or fix {key_flag}")
     if label_key is not None and label_key not in record:
         raise BadRecord(f"{flag} {where}: no key {label_key!r} (the record has {sorted(record)})",
                         kind=f"have no key {label_key!r}",
