@@ -12,7 +12,7 @@ import pytest
 
 from tests.test_cli import REPO, one_error_line
 from vime.errors import ConfigError
-from vime.ops.eval_compare import compare, parse_compare, read_rounds, render
+from vime.ops.eval_compare import diff_text, compare, parse_compare, read_rounds, render
 from vime.store import SampleStore
 
 
@@ -53,6 +53,7 @@ def test_two_runs_rounds_are_compared_per_set_and_step_with_b_minus_a(tmp_path):
                                 "diff", "pass@4", "A", "pass@4", "B", "diff"]
     assert lines[4].split()[:5] == ["heldout", "4", "0.500", "0.750", "+0.250"]
     assert len(lines) == 5, "no note: the same sets, steps and sample counts"
+    assert diff_text(0.2 - 0.2000001) == "+0.000" and diff_text(None) == "-", "never -0.000"
     as_json = json.loads(vime("--compare", str(a), str(b), "--json").stdout)
     assert as_json["rows"] == json.loads(json.dumps(cmp.rows)) and as_json["notes"] == []
 

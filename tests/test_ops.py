@@ -126,6 +126,10 @@ def test_samples_eval_lists_the_eval_samples_by_round_and_set_apart_from_trainin
     assert [(s["key"], s["step"], s["version"]) for s in evals] == [
         ("eval0-aime-0/0", 0, "0"), ("eval0-gsm-0/0", 0, "0"), ("eval2-aime-0/0", 2, "2"), ("eval2-gsm-0/0", 2, "2")]
     assert [s["key"] for s in listed("--dataset", "gsm", "--step", "2")["samples"]] == ["eval2-gsm-0/0"]
+    assert listed("--dataset", "gsm", "--step", "1")["total"] == 0, "a set the run has, no round at that step"
+    unknown = vime("samples", RUN, *run_store, "--dataset", "nope")
+    assert unknown.returncode != 0 and unknown.stdout == ""
+    assert f"--dataset 'nope': run {RUN!r} has no eval set of that name; its eval sets: aime, gsm" in unknown.stderr
 
 
 def test_show_prints_prompt_response_tokens_by_loss_mask_and_the_failure(run_store):

@@ -131,8 +131,8 @@ def _counts(values: set[int]) -> str:
     return "/".join(map(str, sorted(values))) or "no"
 
 
-def _diff(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.3f}"
+def diff_text(value: float | None) -> str:
+    return "-" if value is None else f"{round(value, 3) or 0.0:+.3f}"  # no -0.000
 
 
 def render(cmp: Comparison) -> str:
@@ -145,7 +145,7 @@ def render(cmp: Comparison) -> str:
         short = names.get(f, f)
         header += [f"{short} A", f"{short} B", "diff"]
     rows = [[r["set"], r["step"], *[v for f in figures for v in
-                                    (r.get(f, {}).get("a"), r.get(f, {}).get("b"), _diff(r.get(f, {}).get("diff")))]]
+                                    (r.get(f, {}).get("a"), r.get(f, {}).get("b"), diff_text(r.get(f, {}).get("diff")))]]
             for r in cmp.rows]
     lines = [f"A: {cmp.a.run_id} ({cmp.a.path}), {len(cmp.a.rounds)} round(s)",
              f"B: {cmp.b.run_id} ({cmp.b.path}), {len(cmp.b.rounds)} round(s)"]

@@ -126,7 +126,21 @@ def sample_lines(store: SampleStore, run_id: str, f: SampleFilter) -> tuple[list
             raise
         raise ConfigError(f"--where {f.where!r}: {str(exc.orig).splitlines()[0]}; its columns: "
                           f"{', '.join(c.name for c in SampleRow.__table__.columns)}") from None
+    if f.dataset is not None and not total:
+        _check_eval_set(store, run_id, f.dataset)
     return [_line(r) for r in rows], total
+
+
+def _check_eval_set(store: SampleStore, run_id: str, name: str) -> None:
+    """`--dataset NAME` that matched nothing: a set the run never evaluated is one line naming
+    the sets it has, not an empty table."""
+    eval_set = SampleRow.sample_metadata["eval_set"].as_string()
+    query = select(eval_set).distinct().where(SampleRow.run_id == run_id, SampleRow.eval_step.is_not(None))
+    with store.engine.connect() as conn:
+        names = sorted(n for (n,) in conn.execute(query) if n is not None)
+    if name not in names:
+        raise ConfigError(f"--dataset {name!r}: run {run_id!r} has no eval set of that name; its eval sets: "
+                          f"{', '.join(names) or 'none (no eval sample stored)'}")
 
 
 def _line(r) -> SampleLine:
