@@ -12,7 +12,7 @@ import pytest
 
 from tests.test_cli import REPO, one_error_line
 from vime.errors import ConfigError
-from vime.ops.eval_compare import diff_text, compare, parse_compare, read_rounds, render
+from vime.ops.eval_compare import compare, diff_text, parse_compare, read_rounds, render
 from vime.store import SampleStore
 
 
