@@ -21,7 +21,8 @@ def test_rl_gain_flags_parse_over_the_example_defaults_and_evaluate_in_the_run(t
     assert args.num_rollout == rl_gain.RL_STEPS <= 20
     assert args.rollout_batch_size == rl_gain.TRAIN_TASKS  # every training task in every step
     assert args.save_interval == args.eval_interval == rl_gain.EVAL_EVERY and args.save == str(tmp_path / "ckpt")
-    assert args.rollout_env == "coding_agent" and args.n_samples_per_eval_prompt == rl_gain.EVAL_N
+    assert args.rollout_env == "coding_agent" and args.sandbox_backend == "bwrap"
+    assert args.n_samples_per_eval_prompt == rl_gain.EVAL_N
     assert eval_sets(args) == [("train", str(paths["train"])), ("heldout", str(paths["heldout"]))]
     held = [json.loads(line)["label"] for line in paths["heldout"].read_text().splitlines()]
     train = [json.loads(line)["label"] for line in paths["train"].read_text().splitlines()]

@@ -100,9 +100,9 @@ EXERCISED = {
     "--vllm-model-urls": "test_on_policy_distillation.py::test_the_students_reverse_kl_to_the_teacher_on_held_out_prompts_falls",
     "--store-url": "test_long_lived_workers.py::test_a_worker_reads_a_recorded_run_s_flags_and_keeps_its_own_connections",
     "--continue-as-new-after-steps": "test_long_runs.py::test_a_run_continues_as_new_three_times_with_a_prefetched_step_in_flight",
-    "--rollout-env": "test_coding_agent_rl_gain.py::test_rl_gain_flags_parse_over_the_example_defaults",
+    "--rollout-env": "test_coding_agent_rl_gain.py::test_rl_gain_flags_parse_over_the_example_defaults_and_evaluate_in_the_run",
     "--rollout-workflow": "test_environments.py::test_the_older_rollout_workflow_flag_still_names_the_coding_agent",
-    "--sandbox-backend": "test_coding_agent_rl_gain.py::test_rl_gain_flags_parse_over_the_example_defaults",
+    "--sandbox-backend": "test_coding_agent_rl_gain.py::test_rl_gain_flags_parse_over_the_example_defaults_and_evaluate_in_the_run",
     "--sandbox-workspace-mb": "test_sandbox_limits.py::test_the_sandbox_flags_reach_the_bwrap_constructor_with_their_defaults",
     "--sandbox-tmp-mb": "test_sandbox_limits.py::test_the_sandbox_flags_reach_the_bwrap_constructor_with_their_defaults",
     "--sandbox-shm-mb": "test_sandbox_limits.py::test_the_sandbox_flags_reach_the_bwrap_constructor_with_their_defaults",
@@ -131,7 +131,7 @@ EXERCISED = {
     "--eval-top-k": "test_eval.py::test_eval_flags_parse_as_slime_names_them_and_shape_eval_sampling",
     "--eval-max-response-len": "test_eval.py::test_eval_flags_parse_as_slime_names_them_and_shape_eval_sampling",
     "--eval-interval": "test_eval_run.py::test_a_run_evaluates_at_0_every_n_steps_and_after_the_last_on_one_policy_version_each",
-    "--eval-function-path": "test_eval_run.py::test_fully_async_with_an_eval_hook_evaluates_each_round_on_exactly_one_policy_version",
+    "--eval-function-path": "test_eval_run.py::test_fully_async_trains_while_a_round_evaluates_each_round_on_exactly_one_policy_version",
     "--skip-eval-before-train": "test_eval.py::test_eval_flags_parse_as_slime_names_them_and_shape_eval_sampling",
 }
 

@@ -171,11 +171,11 @@ def _store_at_revision(location: str, revision: str) -> None:
 
 
 def test_a_store_at_the_previous_schema_is_upgraded_on_open_and_keeps_its_data(store_location: str) -> None:
-    assert head_revision() == "0005"
+    assert head_revision() == "0006"
     _store_at_revision(store_location, "0001")
     with SampleStore.open(store_location) as store:
         with store.engine.connect() as conn:
-            assert current_revision(conn) == "0005"
+            assert current_revision(conn) == "0006"
         assert store.read_rollout(RUN, "old") == [random_sample(1, rollout_id="old")]  # teacher_log_probs: None
         assert store.write_step_manifest(RUN, 0, ["old"]).rollout_ids == ["old"]
 
