@@ -19,6 +19,7 @@ from temporalio import activity
 
 from activities.hook_notices import watch_hooks
 from vime.envs.contract import summarize
+from vime.envs.rollouts import store_group
 from vime.errors import ConfigError
 from vime.plugins import call_hook_async, load_hook
 from vime.rollout.data_source import make_data_source
@@ -86,12 +87,8 @@ class EvalActivities:
         async with heartbeating():
             results = await run_group(set_args, group, evaluation=True)
             await self.rollouts.retry_if_infra(args, results, f"eval group {inp.eval_set}/{inp.position}")
-        check_one_version((s for r in results for s in r), inp.weight_version,
-                          f"eval group {inp.eval_set}/{inp.position} of the round at step {inp.step}")
-        rollouts = dict(zip(ids, results))
-        _mark(rollouts, inp.weight_version)
-        await store_call(self.store.write_rollouts, inp.run_id, rollouts, eval_step=inp.step)
-        return summarize(inp.position, ids, results)
+        # the SDK's store: exactly the round's version (else sampled again), stored as the round's eval samples
+        return await store_group(self.store, inp, dict(zip(ids, results)), preview=True)
 
     @activity.defn(name=EVAL_BY_FUNCTION)
     @final_config_errors
