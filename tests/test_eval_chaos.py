@@ -101,30 +101,51 @@ def test_kill_9_of_the_rollout_worker_and_sigterm_during_eval_rounds_each_round_
         assert twice == [] and sorted(recorded) == [(0, 1), (2, 1), (3, 1)]
 
 
+ROUND_GATE = '''
+import asyncio
+from pathlib import Path
+
+GATE = Path(__file__).with_name("round-gate")
+
+
+async def rm(args, sample, **kwargs):
+    """An eval prompt ("count N") is scored once the test removes the gate file, so the round
+    samples (and holds its syncs) as long as the test needs; training prompts score at once."""
+    while not str(sample.prompt).startswith("count to") and GATE.exists():
+        await asyncio.sleep(0.2)
+    return float(sample.response.strip() == sample.label)
+'''
+
+
 def test_kill_9_of_the_trainer_while_a_fully_async_round_holds_the_syncs_keeps_the_round_on_its_version(
         training_server, tiny_model_dir, tmp_path):
     """The trainer trained past the round's boundary (its sync held) and dies while the round
     samples: the re-attached trainer pushes the round's version again, not its own, replays the
-    held steps, and the held sync goes out once the round's generation ends."""
-    prompts = 64
+    held steps, and the held sync goes out once the round's generation ends. The round's reward
+    waits on a gate the test opens after the kill (a window found by polling was missed once)."""
+    prompts = 16
     heldout = tmp_path / "heldout.jsonl"
     heldout.write_text("".join(json.dumps({"prompt": f"count {i}", "label": "1"}) + "\n" for i in range(prompts)))
+    (tmp_path / "gate.py").write_text(ROUND_GATE)
+    gate = tmp_path / "round-gate"
+    gate.touch()
     run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), "--fully-async", "--max-staleness", "1",
                    "--max-concurrent-rollouts", "4", "--eval-interval", "2", "--skip-eval-before-train",
                    "--eval-prompt-data", "heldout", str(heldout), "--n-samples-per-eval-prompt", str(N),
-                   "--eval-max-response-len", "24", steps=4, groups=2, n=2)
+                   "--eval-max-response-len", "24", "--custom-rm-path", "gate.rm", steps=4, groups=2, n=2)
 
-    def held_during_round() -> bool:  # a step trained while round 2 samples (its eval groups all in flight)
+    def held_during_round() -> bool:  # a step trained while round 2 samples (its eval groups wait on the gate)
         return progress(run).get("held_syncs", 0) >= 1
 
     try:
         run.start()
         run.wait_for(held_during_round, 600, "a step trained while round 2 samples, its sync held")
         os.kill(run.pid("trainer"), signal.SIGKILL)
+        run.wait_for(lambda: "worker trainer died" in run.output(), 120, "the launcher to see the trainer die")
+        gate.unlink()
         assert run.wait() == 0, run.tail()
     finally:
         run.kill_all()
-    assert "worker trainer died" in run.output(), run.tail()
     run.assert_on_policy(max_staleness=1)
     with SampleStore.open(run.run_dir) as store:
         rounds = store.eval_rounds(run.run_id)

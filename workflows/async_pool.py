@@ -64,14 +64,20 @@ class RolloutPool:
     """Keeps groups in flight; `take` hands out a step's worth in finish order.
 
     `start(position, version)` runs one group to its end (a child workflow); `claim()` hands out
-    the next data position; `steps_left()` says how many steps still need groups, so the pool
-    never starts groups the run will not train; `version()` is the policy the servers hold, and
-    `trainer_version()` the one groups are trained on (ahead of it while syncs are held).
+    the next data position; `steps_left()` says how many steps after the one being taken still
+    need groups, so the pool never starts groups the run will not train; `version()` is the
+    policy the servers hold, and `trainer_version()` the one groups are trained on (ahead of it
+    while syncs are held).
+
+    The step being taken counts too (`counts_the_step_taken`): a group it loses to the filter
+    or to a failed sample is replaced even on the run's last step, whose take would otherwise
+    wait forever with nothing in flight. Off only to replay histories recorded before.
     """
 
     def __init__(self, cfg: PoolConfig, start: Callable[[int, int], Awaitable[RolloutOutput]],
                  claim: Callable[[], int], steps_left: Callable[[], int], version: Callable[[], int],
-                 queued: list[PooledGroup] | None = None, trainer_version: Callable[[], int] | None = None) -> None:
+                 queued: list[PooledGroup] | None = None, trainer_version: Callable[[], int] | None = None,
+                 counts_the_step_taken: bool = True) -> None:
         self.cfg = cfg
         self.policy = StalenessPolicy(cfg.max_staleness, cfg.batch_size, cfg.control)
         self._start, self._claim, self._steps_left, self._version = start, claim, steps_left, version
@@ -85,6 +91,8 @@ class RolloutPool:
         self.filtered_in_a_row = 0
         self.closing = False
         self.error: BaseException | None = None
+        self.counts_the_step_taken = counts_the_step_taken
+        self.taking = False  # a step waits in `take` for its groups
 
     # ---- starting ----------------------------------------------------------------------------
 
@@ -95,7 +103,8 @@ class RolloutPool:
         """Start groups while the pool, the staleness budget and the run's remaining need allow."""
         cfg = self.cfg
         while not self.closing and self.error is None and len(self.in_flight) < cfg.max_in_flight:
-            need = self._steps_left() * cfg.batch_size - len(self.in_flight) - len(self.ready)
+            steps = self._steps_left() + (self.taking and self.counts_the_step_taken)
+            need = steps * cfg.batch_size - len(self.in_flight) - len(self.ready)
             if need <= 0:
                 return
             if not self.policy.may_start(self.live()):
@@ -145,10 +154,14 @@ class RolloutPool:
     async def take(self) -> TakenStep:
         """The next step's groups, in the order they finished, once `batch_size` are admissible."""
         size = self.cfg.batch_size
-        self.fill()
-        await workflow.wait_condition(
-            lambda: self.error is not None or len(self.ready) >= size
-            or self.filtered_in_a_row >= self.cfg.max_filtered)
+        self.taking = True
+        try:
+            self.fill()
+            await workflow.wait_condition(
+                lambda: self.error is not None or len(self.ready) >= size
+                or self.filtered_in_a_row >= self.cfg.max_filtered)
+        finally:
+            self.taking = False
         if self.error is not None:
             raise self.error
         if len(self.ready) < size:

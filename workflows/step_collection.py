@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.steps import RECORD_STEP, RECORDED_STEPS, RecordedStep, RecordedStepsInput, StepRecord
 
 HOOK_FAILURES_PATCH = "hook-failures"  # workflows recorded before failed groups were counted and replaced
+POOL_TAKE_PATCH = "pool-counts-the-step-taken"  # fully async histories from before replay the old refill
 
 
 class StepCollection:
@@ -161,6 +162,7 @@ class StepCollection:
         self.next_take = step + 1
         if step in self.recorded:
             return self.recorded.pop(step)
+        self.pool.counts_the_step_taken = workflow.patched(POOL_TAKE_PATCH)
         try:
             taken = await self.pool.take()
         except NothingToTrain as e:
