@@ -37,6 +37,7 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from vime.temporal.group_contract import RolloutOutput
     from vime.temporal.training_contract import PooledGroup
+    from workflows.failures import StepFailures
     from workflows.staleness import PACE, StalenessPolicy
 
 
@@ -47,6 +48,7 @@ class PoolConfig:
     max_staleness: int
     control: str = PACE  # or DISCARD
     max_filtered: int = 1024  # groups filtered in a row before the run stops: the filter keeps nothing
+    max_failed_sample_ratio: float = 0.1  # a step's share of samples a hook may fail (workflows.failures)
 
 
 @dataclass
@@ -54,10 +56,16 @@ class TakenStep:
     groups: list[PooledGroup]
     staleness: list[int]  # per group, at the version it is trained on
     dropped: int  # groups dropped past the staleness bound since the previous step
+    failures: StepFailures | None = None  # samples drawn and failed by a hook since the previous step
 
 
 class NothingToTrain(Exception):
     """Every group finished in a long row was filtered out: the filter keeps nothing."""
+
+
+class TooManyFailed(Exception):
+    """A hook failed more of a step's samples than `--max-failed-sample-ratio` allows (the message
+    is `StepFailures.stop_message`'s, naming the first error)."""
 
 
 class RolloutPool:
@@ -71,7 +79,11 @@ class RolloutPool:
 
     The step being taken counts too (`counts_the_step_taken`): a group it loses to the filter
     or to a failed sample is replaced even on the run's last step, whose take would otherwise
-    wait forever with nothing in flight. Off only to replay histories recorded before.
+    wait forever with nothing in flight. And every group that finishes is counted against the
+    next step's failure bound (`workflows.failures`), as the synchronous rounds count the groups
+    they draw: a hook failing a few samples costs their groups, one failing most stops the run
+    with its first error instead of the filter's message. Both off only to replay histories
+    recorded before.
     """
 
     def __init__(self, cfg: PoolConfig, start: Callable[[int, int], Awaitable[RolloutOutput]],
@@ -93,6 +105,7 @@ class RolloutPool:
         self.error: BaseException | None = None
         self.counts_the_step_taken = counts_the_step_taken
         self.taking = False  # a step waits in `take` for its groups
+        self.failures = StepFailures(cfg.max_failed_sample_ratio)  # groups finished since the last take
 
     # ---- starting ----------------------------------------------------------------------------
 
@@ -125,6 +138,7 @@ class RolloutPool:
         finally:
             self.in_flight.pop(position, None)
             self.started_under.pop(position, None)
+        self.failures.add([out])
         if out.keep:
             self.filtered_in_a_row = 0
             self.ready.append(PooledGroup(position, version, out))
@@ -159,18 +173,28 @@ class RolloutPool:
             self.fill()
             await workflow.wait_condition(
                 lambda: self.error is not None or len(self.ready) >= size
-                or self.filtered_in_a_row >= self.cfg.max_filtered)
+                or self.filtered_in_a_row >= self.cfg.max_filtered or self._all_failed())
         finally:
             self.taking = False
         if self.error is not None:
             raise self.error
+        failures, self.failures = self.failures, StepFailures(self.cfg.max_failed_sample_ratio)
+        if self.counts_the_step_taken and failures.over_bound():
+            raise TooManyFailed(failures)
         if len(self.ready) < size:
             raise NothingToTrain(f"{self.filtered_in_a_row} groups in a row were filtered out")
         groups, self.ready = self.ready[:size], self.ready[size:]
         self.taken = len(groups)
         dropped, self.dropped = self.dropped, 0
         version = self._trainer_version()
-        return TakenStep(groups, [self.policy.staleness(g.weight_version, version) for g in groups], dropped)
+        return TakenStep(groups, [self.policy.staleness(g.weight_version, version) for g in groups], dropped,
+                         failures if self.counts_the_step_taken else None)
+
+    def _all_failed(self) -> bool:
+        """A batch's worth of groups finished in a row and every sample of them failed: nothing
+        will come of drawing more (the synchronous rounds' check after a round)."""
+        return (self.counts_the_step_taken and self.filtered_in_a_row >= self.cfg.batch_size
+                and self.failures.all_failed())
 
     def synced(self) -> None:
         """The step's weights are on the servers (or held: the trainer's version moved): its

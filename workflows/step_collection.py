@@ -30,7 +30,7 @@ from temporalio.exceptions import ActivityError, ChildWorkflowError, is_cancelle
 with workflow.unsafe.imports_passed_through():
     from vime.temporal.error_types import final_error, root_message
     from vime.temporal.training_contract import TrainingConfig, TrainingState
-    from workflows.async_pool import NothingToTrain, PoolConfig, RolloutPool
+    from workflows.async_pool import NothingToTrain, PoolConfig, RolloutPool, TooManyFailed
     from workflows.failures import StepFailures
     from vime.envs.group_workflow import group_workflow_id as rollout_workflow_id
     from vime.envs.group_workflow import starting_search_attributes
@@ -39,7 +39,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.steps import RECORD_STEP, RECORDED_STEPS, RecordedStep, RecordedStepsInput, StepRecord
 
 HOOK_FAILURES_PATCH = "hook-failures"  # workflows recorded before failed groups were counted and replaced
-POOL_TAKE_PATCH = "pool-counts-the-step-taken"  # fully async histories from before replay the old refill
+POOL_STEP_PATCH = "pool-step-accounting"  # fully async histories from before: the old refill, no failure bound
 
 
 class StepCollection:
@@ -84,7 +84,8 @@ class StepCollection:
 
         pool_cfg = PoolConfig(cfg.rollout_batch_size, cfg.max_concurrent_rollouts or cfg.rollout_batch_size,
                               cfg.max_staleness, cfg.staleness_control,
-                              max_filtered=cfg.max_filter_rounds * cfg.rollout_batch_size)
+                              max_filtered=cfg.max_filter_rounds * cfg.rollout_batch_size,
+                              max_failed_sample_ratio=cfg.max_failed_sample_ratio)
         queued, self.state.queued = self.state.queued, []
         self.next_take = self.state.step  # the first step whose groups the pool must provide
         self.pool = RolloutPool(pool_cfg, lambda position, version: self._rollout(self.state.step, position, version),
@@ -162,17 +163,21 @@ class StepCollection:
         self.next_take = step + 1
         if step in self.recorded:
             return self.recorded.pop(step)
-        self.pool.counts_the_step_taken = workflow.patched(POOL_TAKE_PATCH)
+        self.pool.counts_the_step_taken = workflow.patched(POOL_STEP_PATCH)
         try:
             taken = await self.pool.take()
+        except TooManyFailed as e:
+            raise final_error(e.args[0].stop_message(step))
         except NothingToTrain as e:
             raise final_error(f"step {step}: no rollout group to train on ({e}); check --dynamic-sampling-filter-path")
         staleness = taken.staleness
         self.async_metrics[step] = {"staleness_mean": sum(staleness) / len(staleness),
                                     "staleness_max": max(staleness), "dropped_groups": taken.dropped}
+        failed = ({"failed_samples": taken.failures.failed, "first_failure": taken.failures.first_error}
+                  if taken.failures is not None else {})
         return await self._record(step, [g.out for g in taken.groups],
                                   min(g.weight_version for g in taken.groups),
-                                  {"staleness": staleness, "dropped_groups": taken.dropped})
+                                  {"staleness": staleness, "dropped_groups": taken.dropped, **failed})
 
     async def _record(self, step: int, groups: list[RolloutOutput], weight_version: int,
                       extra: dict | None = None) -> RecordedStep:
