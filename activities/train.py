@@ -19,6 +19,7 @@ import socket
 import time
 from typing import Any
 
+from structlog.contextvars import bound_contextvars
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
@@ -39,6 +40,7 @@ from workflows.trainer_calls import (ATTACH_TRAINER, PICK_TRAINER, RELEASE_TRAIN
 
 log = get_logger(__name__)
 
+STEP_LOG_KEYS = ("reward_mean", "grad_norm", "samples", "train_seconds", "train_tokens_per_second")
 LEASE_S = 900.0  # a run that has not called its trainer for this long (terminated) loses it
 SYNC_WAIT_S = 1800.0  # how long a sync waits for servers that are down (starting, restarting)
 
@@ -116,8 +118,12 @@ class TrainerActivities:
     @activity.defn(name=TRAIN_STEP)
     @final_config_errors
     async def train_step(self, inp: TrainInput) -> dict:
+        """Train one step; its line in the worker's log names the run (a trainer serves many)."""
         self._hold(inp.run_id)
-        return await self._run("train_step", inp.run_id, inp.step)
+        with bound_contextvars(run_id=inp.run_id):
+            metrics = await self._run("train_step", inp.run_id, inp.step)
+            log.info("train_step.done", step=inp.step, **{k: metrics[k] for k in STEP_LOG_KEYS if k in metrics})
+        return metrics
 
     @activity.defn(name=SYNC_WEIGHTS)
     async def sync_weights(self, inp: SyncInput) -> dict:
@@ -128,6 +134,10 @@ class TrainerActivities:
         is tried again once the server answers. After a sync every server took, the pushed file
         becomes the run's live weights, which a restarted server boots from.
         """
+        with bound_contextvars(run_id=inp.run_id or (self._lease[0] if self._lease else None)):  # in every line
+            return await self._sync_weights(inp)
+
+    async def _sync_weights(self, inp: SyncInput) -> dict:
         urls = list(inp.engine_urls) or engine_urls(self.group.args)
         weights, probe, expected = await self._run("state_dict_and_probe")
         if self._sync is None or self._sync.urls != urls:

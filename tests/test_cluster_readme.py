@@ -1,5 +1,5 @@
 """The README's "On a cluster" section works as written: its commands, run literally by bash on one
-machine (only the two ports are swapped for free ones), start Temporal, a vLLM server, both
+machine (only the ports are swapped for free ones), start Temporal, a vLLM server, both
 workers and the run, and the run finishes. The workflow is started while vLLM is still loading,
 which the README promises is fine."""
 
@@ -21,8 +21,8 @@ pytestmark = pytest.mark.vllm
 
 def _run_readme(workdir: Path, model: Path) -> tuple[int, str]:
     script = readme_block("### On a cluster")
-    temporal_port, vllm_port = free_port(), free_port()
-    script = script.replace("7233", str(temporal_port)).replace("8000", str(vllm_port))
+    temporal_port, vllm_port, ui_port = free_port(), free_port(), free_port()
+    script = script.replace("7233", str(temporal_port)).replace("8000", str(vllm_port)).replace("8233", str(ui_port))
     workdir.mkdir()
     (workdir / "prompts.jsonl").write_text(
         "".join(json.dumps({"prompt": f"count to {i}", "label": "1"}) + "\n" for i in range(8)))

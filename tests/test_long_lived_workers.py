@@ -93,6 +93,7 @@ def test_two_runs_from_vime_config_json_train_on_workers_started_once(training_s
             t_eval = time.monotonic() - t_eval
             bad_runs_fail_in_one_line_and_free_the_trainer(pool)
             cancelled = cancel_a_run_in_flight(pool)
+            states = pool.vime("runs", "--store-url", pool.store, "--temporal-address", pool.address, "--json")
     assert proc.returncode == 0, out[-4000:]
     assert len(re.findall(r"Status +COMPLETED", out)) == 2, out[-4000:]
     assert out.count("ready: any run") == 2  # neither worker was given a run
@@ -123,7 +124,18 @@ def test_two_runs_from_vime_config_json_train_on_workers_started_once(training_s
     assert len(evals) == 3 * 2 and all(set(sampled_versions(s)) == {0} for s in evals)  # the checkpoint's version
     print(f"[long-lived workers] vime eval of a checkpoint on the pool: {len(evals)} eval samples in {t_eval:.0f} s")
     assert re.fullmatch(r"run exp-c: canceled \(train-exp-c and the rollouts.*\n", cancelled["stdout"]), cancelled
+    assert "starts it again from scratch (no step was trained)" in cancelled["stdout"]  # what a restart does
     assert cancelled["status"] == "CANCELED"
+    followed = cancelled["followed"]  # `vime status exp-w --follow`: it waited for exp-c's trainer, then trained
+    assert followed.returncode == 0, followed.stdout[-3000:] + followed.stderr[-3000:]
+    assert re.search(r"^\[wait\] run exp-w: waits for a free trainer: run exp-c holds trainer \S+", followed.stdout,
+                     re.M), followed.stdout
+    assert re.findall(r"^\[#+ *\] step (\d)/2 \| reward", followed.stdout, re.M) == ["1", "2"], followed.stdout
+    assert followed.stdout.rstrip().endswith("[vime] run exp-w finished: 2 steps"), followed.stdout
+    print("[long-lived workers] vime status --follow:\n" + followed.stdout)
+    listed = {r["run_id"]: r["state"] for r in json.loads(states.stdout)}
+    assert {run: listed[run] for run in ("exp-a", "exp-boom", "exp-c", "exp-w")} == {
+        "exp-a": "finished", "exp-boom": "failed", "exp-c": "cancelled", "exp-w": "finished"}, listed
     # the rollouts in flight were cancelled (with their cleanup), not terminated with the parent
     assert set(cancelled["children"].values()) == {"CANCELED"}, cancelled
     print(f"[long-lived workers] vime cancel: {list(cancelled['children'].values()).count('CANCELED')} rollouts "
@@ -137,6 +149,11 @@ class Pool:
         self.tmp_path, self.model, self.engine_port = tmp_path, model, engine_port
         self.address = f"127.0.0.1:{temporal_port}"
         self.bin = tmp_path / ".venv" / "bin"
+        self.store = f"sqlite:///{tmp_path}/runs/vime.db"
+
+    def vime(self, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.bin / "vime"), *argv], cwd=self.tmp_path, capture_output=True, text=True,
+                              timeout=timeout)
 
     def start(self, run_id: str, *flags: str, router: bool = True) -> None:
         """`vime config` (the README's flags, `flags` on top; without `router`, no --vllm-router-*)
@@ -242,9 +259,10 @@ def bad_runs_fail_in_one_line_and_free_the_trainer(pool: Pool) -> None:
 
 def cancel_a_run_in_flight(pool: Pool) -> dict:
     """Start run exp-c (its reward takes ten minutes, so its rollouts stay in flight: they end
-    only if the cancel reaches them; one of a minute ended on its own under load), cancel it
-    with `vime cancel` while both of its step's rollout workflows run, and report how it and its
-    rollouts ended."""
+    only if the cancel reaches them; one of a minute ended on its own under load), and run exp-w
+    (2 steps), which waits for the trainer exp-c holds, followed by `vime status --follow`; cancel
+    exp-c with `vime cancel` while both of its step's rollout workflows run (exp-w then trains),
+    and report how they and exp-c's rollouts ended."""
     (pool.tmp_path / "slow_rm.py").write_text("import asyncio\n\nasync def rm(args, sample):\n"
                                               "    await asyncio.sleep(600)\n    return 1.0\n")
     pool.start("exp-c", "--custom-rm-path", "slow_rm.rm")
@@ -252,10 +270,25 @@ def cancel_a_run_in_flight(pool: Pool) -> dict:
     deadline = time.monotonic() + 300
     while list(pool.statuses(*rollouts).values()) != ["RUNNING", "RUNNING"] and time.monotonic() < deadline:
         time.sleep(0.5)
-    result = subprocess.run([str(pool.bin / "vime"), "cancel", "exp-c", "--temporal-address", pool.address],
-                            cwd=pool.tmp_path, capture_output=True, text=True)
-    return {"stdout": result.stdout, "stderr": result.stderr, "status": pool.statuses("train-exp-c")["train-exp-c"],
-            "children": pool.statuses(*rollouts)}
+    pool.start("exp-w")
+    follow_log = pool.tmp_path / "follow.log"
+    with open(follow_log, "w") as out:
+        follow = subprocess.Popen([str(pool.bin / "vime"), "status", "exp-w", "--follow", "--store-url", pool.store,
+                                   "--temporal-address", pool.address], cwd=pool.tmp_path, stdout=out,
+                                  stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while "[wait]" not in follow_log.read_text() and follow.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    result = pool.vime("cancel", "exp-c", "--temporal-address", pool.address, "--store-url", pool.store)
+    cancelled = {"stdout": result.stdout, "stderr": result.stderr,
+                 "status": pool.statuses("train-exp-c")["train-exp-c"], "children": pool.statuses(*rollouts)}
+    try:
+        _, stderr = follow.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        follow.kill()
+        _, stderr = follow.communicate()
+    return {**cancelled, "followed": subprocess.CompletedProcess(follow.args, follow.returncode,
+                                                                 follow_log.read_text(), stderr)}
 
 
 # ---- a run's config on any worker ---------------------------------------------------------------

@@ -78,8 +78,8 @@ def test_runs_lists_the_run_with_its_progress_and_last_reward(run_store):
     assert (run["run_id"], run["samples"], run["steps_trained"], run["failed"]) == (RUN, 6, 2, 1)
     assert run["progress"] == "step 2/4" and run["last_reward"] == 0.5  # step 1: rewards 1.0 and 0.0
     table = vime("runs", *run_store).stdout
-    assert table.splitlines()[0].split()[:4] == ["RUN", "PROGRESS", "SAMPLES", "FAILED"]
-    assert "exp1  step 2/4  6" in table
+    assert table.splitlines()[0].split()[:5] == ["RUN", "STATE", "STEPS", "SAMPLES", "FAILED"]
+    assert "exp1  stopped  2/4    6" in table  # no Temporal to ask: not finished, so stopped
 
 
 def test_samples_lists_step_reward_status_version_failure_and_a_preview(run_store):

@@ -46,6 +46,7 @@ class TrainInput:
 class SyncInput:
     weight_version: int
     engine_urls: list[str] = field(default_factory=list)  # empty: the trainer's own --vllm-server-urls
+    run_id: str = ""  # the run that syncs, for the trainer's log ("" in histories recorded before it)
 
 
 @dataclass

@@ -215,7 +215,7 @@ class TrainerSession:
     async def _sync_on(self, info: TrainerInfo, version: int) -> dict:
         """Push the trainer's weights to the servers as `version`."""
         report = await workflow.execute_activity(
-            SYNC_WEIGHTS, SyncInput(version), result_type=dict, task_queue=info.queue,
+            SYNC_WEIGHTS, SyncInput(version, run_id=self.cfg.run_id), result_type=dict, task_queue=info.queue,
             schedule_to_start_timeout=timedelta(seconds=30), start_to_close_timeout=timedelta(seconds=3600),
             heartbeat_timeout=timedelta(seconds=self.cfg.trainer_heartbeat_seconds),
             retry_policy=RetryPolicy(maximum_attempts=1))

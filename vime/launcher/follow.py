@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -32,6 +33,7 @@ from vime.errors import ConfigError
 from vime.log import get_logger
 from vime.launcher.recovery import recover_from_worker_death
 from vime.launcher.supervisor import Supervisor
+from vime.temporal.restart_plan import restart_plan
 from vime.temporal.training_contract import PROGRESS_QUERY, TRAINER_LOST_SIGNAL, TrainingState, failure_message
 
 log = get_logger(__name__)
@@ -93,6 +95,7 @@ class Follower:
     printed: list[int] = field(default_factory=list)  # steps finished (and printed) by this launch
     evals_printed: list[int] = field(default_factory=list)  # eval rounds after the last step, printed
     noticed: set = field(default_factory=set)  # workers' notices printed, as (time, line)
+    restart: Callable[[], str] = lambda: restart_plan(None)  # what starting the run again does (its store says)
 
     async def follow(self) -> TrainingState:
         result = asyncio.create_task(self._result())
@@ -123,10 +126,9 @@ class Follower:
             except WorkflowFailureError as e:
                 if isinstance(e.cause, CancelledError):
                     raise RunFailed(f"run {self.run_id} was cancelled (vime cancel, the Web UI or the Temporal CLI); "
-                                    "its samples are kept, and the same command starts it again from its last "
-                                    "checkpoint") from None
-                raise RunFailed(f"run {self.run_id} failed: {failure_message(e)} (fix it, then run the same command "
-                                "again: the run resumes from its last checkpoint)") from None
+                                    f"its samples are kept; {self.restart()}") from None
+                raise RunFailed(f"run {self.run_id} failed: {failure_message(e)} (fix it, then {self.restart()})"
+                                ) from None
             except RPCError as e:
                 log.info("follow.result_retry", error=str(e)[:200])
                 await asyncio.sleep(1.0)

@@ -54,6 +54,7 @@ from vime.store import SampleStore
 from vime.launcher.recovery import recover_from_earlier_launch
 from vime.launcher.supervisor import LAUNCH_ID, Supervisor, WorkerProcess
 from vime.temporal.client import temporal_service
+from vime.temporal.restart_plan import recorded, restart_plan, restart_point
 from vime.temporal.training_contract import (TRAINER_LOST_SIGNAL, TRAINING_WORKFLOW, TrainingInput, TrainingState,
                                              failure_message)
 
@@ -253,7 +254,8 @@ class Launch:
                         await handle.signal(TRAINER_LOST_SIGNAL)
                     self.t0 = time.monotonic()
                     self.follower = Follower(svc.client, handle, args.run_id, supervisor, self.services(svc, fleet, handle),
-                                             start_step=start_step, started_at=self.started_at)
+                                             start_step=start_step, started_at=self.started_at,
+                                             restart=lambda: restart_plan(recorded(args.store_url, args.run_id)))
                     state = await self.follower.follow()
         self._summarize(state)
         return state
@@ -294,7 +296,7 @@ class Launch:
         trained = self.follower.steps_trained if self.follower else 0
         return (f"[vime] stopped run {self.args.run_id} {where} ({trained} steps trained by this launch; samples "
                 f"and step records in {self.args.store_url.removeprefix('sqlite:///')}, {saved}); resume with: "
-                f"{resume_command}")
+                f"{resume_command} (it goes on {restart_point(recorded(self.args.store_url, self.args.run_id))})")
 
 
 def resume_command() -> str:

@@ -3,7 +3,8 @@
 The training workflow cancels its rollout workflows and waits for their cleanup (an agent rollout
 tears its sandbox down, `vime/envs/coding_agent/workflow.py`), frees its trainer, then ends as cancelled;
 a `vime train` following it sees that and exits. Nothing stored is removed: the samples and
-checkpoints stay for `vime samples`, `vime report` and `vime rescore`.
+checkpoints stay for `vime samples`, `vime report` and `vime rescore`, and the line says what
+starting the run again would do (`vime.ops.restart`).
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from vime.errors import ConfigError, VimeError
 from vime.ops.commands import run_parser
-from vime.ops.locate import run_dir_of
+from vime.ops.locate import run_dir_of, store_for
+from vime.temporal.restart_plan import recorded, restart_plan
 from vime.rundir import read_launch_info
 from vime.temporal.client import connect
 
 WAIT_S = 120.0
 
 
-async def cancel_run(address: str, namespace: str, run_id: str, wait_s: float = WAIT_S) -> str:
-    """Request the cancel and wait (at most `wait_s`) for the workflow to close; one line saying how it ended."""
+async def cancel_run(address: str, namespace: str, run_id: str, wait_s: float = WAIT_S, store: str = "") -> str:
+    """Request the cancel and wait (at most `wait_s`) for the workflow to close; one line saying how it
+    ended and what a start of it again does (from its store at `store`)."""
     client = await connect(address, namespace)
     handle = client.get_workflow_handle(f"train-{run_id}")
     try:
@@ -42,7 +45,8 @@ async def cancel_run(address: str, namespace: str, run_id: str, wait_s: float = 
         described = await handle.describe()
         if described.status != WorkflowExecutionStatus.RUNNING:
             return (f"run {run_id}: {described.status.name.lower()} (train-{run_id} and the rollouts it had in "
-                    "flight, each after its cleanup); its samples stay in the store")
+                    f"flight, each after its cleanup); its samples stay in the store; "
+                    f"{restart_plan(await asyncio.to_thread(recorded, store, run_id))}")
         await asyncio.sleep(1.0)
     return (f"run {run_id}: cancel requested, still cleaning up after {wait_s:.0f} s (its rollouts tear their "
             f"sandboxes down); `vime status {run_id}` shows when it has ended")
@@ -61,7 +65,8 @@ def cancel_main(argv: list[str]) -> int:
         raise ConfigError(f"run {args.run!r}: no running launch of it (no launch.json in its run directory); pass "
                           "--temporal-address HOST:PORT of the Temporal it lives in")
     try:
-        print(asyncio.run(cancel_run(address, launch.get("namespace", args.temporal_namespace), args.run, args.wait)))
+        print(asyncio.run(cancel_run(address, launch.get("namespace", args.temporal_namespace), args.run, args.wait,
+                                     store_for(args))))
     except RPCError as e:
         raise VimeError(f"vime cancel: Temporal at {address}: {e.message}") from None
     return 0

@@ -4,6 +4,7 @@ people by default, `--json` for scripts."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ from pathlib import Path
 from vime.errors import ConfigError
 from vime.ops.locate import add_location_flags, open_existing, store_for
 from vime.ops.queries import SampleFilter, run_summaries, sample_lines
+from vime.rundir import read_launch_info
 from vime.ops.show import load, render, run_tokenizer, token_texts
 
 
@@ -39,11 +41,17 @@ def run_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 def runs_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="vime runs", description="Every run in a store: progress, samples, "
-                                     "the last step's mean reward. Without --run-dir/--store-url: every run "
-                                     "directory under --runs-root.")
+    from vime.ops.run_states import run_state, workflow_statuses  # Temporal's client: not on `vime show`'s path
+
+    parser = argparse.ArgumentParser(prog="vime runs", description="Every run in a store: its state (running, "
+                                     "finished, failed, cancelled: from its Temporal; without one, finished or "
+                                     "stopped from the store), steps, samples, the last step's mean reward. Without "
+                                     "--run-dir/--store-url: every run directory under --runs-root.")
     add_location_flags(parser)
     parser.add_argument("--runs-root", default="runs", help="where `vime train` puts run directories (default: runs)")
+    parser.add_argument("--temporal-address", help="the Temporal the runs live in (default: each run directory's "
+                        "running launch's)")
+    parser.add_argument("--temporal-namespace", default="default")
     args = parser.parse_args(argv)
     if args.store_url or args.run_dir:
         locations = [store_for(args)]
@@ -55,12 +63,20 @@ def runs_main(argv: list[str]) -> int:
     summaries = []
     for location in locations:
         with open_existing(location) as store:
-            summaries += [(location, s) for s in run_summaries(store)]
+            found = run_summaries(store)
+        launch = {} if "://" in location else read_launch_info(location) or {}
+        address = args.temporal_address or launch.get("temporal")
+        statuses = asyncio.run(workflow_statuses(address, launch.get("namespace", args.temporal_namespace),
+                                                 [s.run_id for s in found])) if address and found else {}
+        for s in found:
+            s.state = run_state(s, statuses.get(s.run_id))
+        summaries += [(location, s) for s in found]
     if args.json:
         print(json.dumps([{**s.to_dict(), "store": loc} for loc, s in summaries], indent=1))
         return 0
-    print(table([[s.run_id, s.progress, s.samples, s.failed, s.last_reward, s.created_at, loc] for loc, s in summaries],
-                ["RUN", "PROGRESS", "SAMPLES", "FAILED", "LAST REWARD", "CREATED", "STORE"]))
+    print(table([[s.run_id, s.state, f"{s.steps_trained}/{s.num_rollout or '?'}", s.samples, s.failed, s.last_reward,
+                  s.created_at, loc] for loc, s in summaries],
+                ["RUN", "STATE", "STEPS", "SAMPLES", "FAILED", "LAST REWARD", "CREATED", "STORE"]))
     return 0
 
 

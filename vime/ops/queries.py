@@ -30,10 +30,12 @@ class RunSummary:
     num_rollout: int | None
     last_reward: float | None  # mean reward of the newest trained step
     failed: int  # samples stored as failed or aborted
+    finished: bool = False  # its workflow recorded the run's end in the store
+    state: str = ""  # running, finished, failed, cancelled or stopped (`vime.ops.run_states`)
 
     @property
     def progress(self) -> str:
-        if self.num_rollout and self.steps_trained >= self.num_rollout:
+        if self.finished or (self.num_rollout and self.steps_trained >= self.num_rollout):
             return "finished"
         return f"step {self.steps_trained}/{self.num_rollout or '?'}"
 
@@ -67,7 +69,7 @@ def run_summaries(store: SampleStore) -> list[RunSummary]:
     last_reward = (select(func.avg(SampleRow.reward))
                    .where(SampleRow.run_id == RunRow.run_id, SampleRow.trained_step == per_run.c.last_step)
                    .scalar_subquery())
-    query = (select(RunRow.run_id, RunRow.created_at, RunRow.config, per_run.c.samples, per_run.c.steps,
+    query = (select(RunRow.run_id, RunRow.created_at, RunRow.config, RunRow.finished, per_run.c.samples, per_run.c.steps,
                     per_run.c.failed, last_reward.label("last_reward"))
              .outerjoin(per_run, per_run.c.run_id == RunRow.run_id)
              .order_by(RunRow.created_at))
@@ -75,7 +77,8 @@ def run_summaries(store: SampleStore) -> list[RunSummary]:
         rows = conn.execute(query).all()
     return [RunSummary(run_id=r.run_id, created_at=r.created_at.strftime("%Y-%m-%d %H:%M"), samples=r.samples or 0,
                        steps_trained=r.steps or 0, num_rollout=(r.config or {}).get("num_rollout"),
-                       last_reward=None if r.last_reward is None else float(r.last_reward), failed=int(r.failed or 0))
+                       last_reward=None if r.last_reward is None else float(r.last_reward), failed=int(r.failed or 0),
+                       finished=r.finished is not None)
             for r in rows]
 
 
