@@ -19,6 +19,8 @@ import wandb  # noqa: E402  (vime[wandb]; the test extra has it)
 from wandb.proto import wandb_internal_pb2  # noqa: E402
 
 LEVELDB_BLOCK = 32768
+WANDB_HOMES = ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR")
+"""Where W&B keeps caches and settings: the test's folder, never the user's."""
 
 
 def records(path: Path):
@@ -81,7 +83,7 @@ def offline(monkeypatch, tmp_path):
     """W&B offline, its caches and settings in the test's folder, silent."""
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    for name in ("WANDB_CACHE_DIR", "WANDB_CONFIG_DIR", "WANDB_DATA_DIR"):
+    for name in WANDB_HOMES:
         monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     yield
@@ -139,3 +141,17 @@ def test_wandb_run_id_names_the_run_and_the_run_s_settings_are_its_own(tmp_path,
                                             "--wandb-host", "https://wandb.example.test"))
     assert online.settings() == {"console": "off", "save_code": False, "disable_git": True, "mode": "online",
                                  "api_key": "k" * 40, "base_url": "https://wandb.example.test"}
+
+
+def test_use_wandb_without_the_package_is_one_line_before_anything_starts(tmp_path, monkeypatch):
+    import importlib.util
+
+    from vime.config.preflight import check_metrics
+    from vime.errors import ConfigError
+
+    check_metrics(run_args(tmp_path, "--use-wandb"))  # installed here (the test extra)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"--use-wandb: the wandb package is not installed: pip install 'vime\[wandb\]'"):
+        check_metrics(run_args(tmp_path, "--use-wandb"))
+    check_metrics(run_args(tmp_path))  # no W&B asked for, nothing needed
