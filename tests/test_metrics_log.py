@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -62,6 +64,7 @@ def test_eval_figures_reach_tensorboard_at_the_rounds_steps_and_bookkeeping_keys
     log.write(2, {"step": 2, "eval_only": True, "finished_at": 1.8e9 + 9, **eval_round,
                   "eval/heldout/reward_mean": 0.75, "eval_weight_version": 2})
     assert not log.write(1, {"reward_mean": 9.0}), "a step already written is not written again"
+    log.flush()  # TensorBoard gets the lines on a thread of its own
 
     found = scalars(tmp_path)
     assert found["eval/heldout/reward_mean"] == [(0, 0.25), (2, 0.75)]
@@ -75,7 +78,7 @@ def test_eval_figures_reach_tensorboard_at_the_rounds_steps_and_bookkeeping_keys
 
 
 class Unreachable:
-    """A dashboard that is down for this launch: every write fails."""
+    """A dashboard that is down: every write fails."""
 
     def written(self, step: int) -> bool:
         return False
@@ -98,7 +101,9 @@ def test_a_resumed_run_gives_tensorboard_each_line_once_including_those_a_dead_l
     first.close()
     with open(tmp_path / METRICS_FILE, "a") as f:
         f.write('{"loss": 0.2, "step": 2}\n')
-    assert MetricsLog(tmp_path / "other", [Unreachable()]).write(0, {"loss": 1.0}), "the file has it all the same"
+    down = MetricsLog(tmp_path / "other", [Unreachable()])
+    assert down.write(0, {"loss": 1.0}), "the file has it all the same"
+    down.close()
 
     second = MetricsLog(tmp_path)
     assert [second.write(step, {**STEP_LINE, "loss": step / 10}) for step in (1, 2, 3)] == [False, False, True]
@@ -110,11 +115,42 @@ def test_a_resumed_run_gives_tensorboard_each_line_once_including_those_a_dead_l
     assert len(list((tmp_path / TENSORBOARD_DIR).iterdir())) == 2, "one event file per launch"
 
 
+class Hung:
+    """A dashboard whose writes hang until released (W&B's servers unreachable)."""
+
+    def __init__(self) -> None:
+        self.release, self.got = threading.Event(), []
+
+    def written(self, step: int) -> bool:
+        return False
+
+    def write(self, step, metrics) -> None:
+        self.release.wait(30)
+        self.got.append(step)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_hung_dashboard_holds_up_no_step(tmp_path):
+    """The training workflow waits for each step's line: the file gets it at once, the dashboard
+    gets it in order on its own thread when it answers again."""
+    hung = Hung()
+    log = MetricsLog(tmp_path, [hung])
+    started = time.monotonic()
+    assert [log.write(step, {"loss": 0.5}) for step in (0, 1, 2)] == [True, True, True]
+    assert time.monotonic() - started < 5 and [m["step"] for m in read_metrics(tmp_path)] == [0, 1, 2]
+    hung.release.set()
+    log.close()
+    assert hung.got == [0, 1, 2]
+
+
 def test_recording_metrics_imports_no_torch(tmp_path):
     """The rollout worker records metrics (a local activity): with or without TensorBoard it
     loads no torch (torch's SummaryWriter did, even when the tensorboard package was missing)."""
     code = ("import sys; from vime.metrics_log import MetricsLog; "
-            f"MetricsLog({str(tmp_path)!r}).write(0, {{'reward_mean': 0.5}}); print('torch' in sys.modules)")
+            f"log = MetricsLog({str(tmp_path)!r}); log.write(0, {{'reward_mean': 0.5}}); log.close(); "
+            "print('torch' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"

@@ -113,9 +113,9 @@ async def test_a_long_lived_rollout_worker_serves_each_runs_steps_samples_failur
             assert written == [True, True, True, False, True]
 
             deadline = time.monotonic() + 30
-            while not value(found := await asyncio.to_thread(scrape, port), "vime_task_queue_backlog",
-                            queue=trainer_queue, kind="activity"):
-                assert time.monotonic() < deadline, "the trainer queue's backlog never showed"
+            while not (value(found := await asyncio.to_thread(scrape, port), "vime_task_queue_backlog",
+                             queue=trainer_queue, kind="activity") and value(found, "vime_steps_total", run="exp-a")):
+                assert time.monotonic() < deadline, f"the trainer queue's backlog never showed: {found}"
                 await asyncio.sleep(1)
             await backlog.terminate()
 

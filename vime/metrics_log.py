@@ -11,13 +11,14 @@ restarted worker never duplicates a line. `vime report` reads this file.
 The file is the record and the sinks follow it: a line reaches each sink once, after the file has
 it. When a run's log opens (a relaunch, a restarted worker), each sink that can tell which steps it
 has is given the lines it lacks first (a crash between the file and a sink, TensorBoard installed
-later), so every dashboard ends with exactly the file's lines. A sink that fails is logged and
-skipped: the metrics are never why a step fails.
+later), so every dashboard ends with exactly the file's lines. Each sink is fed on a thread of its
+own, and a sink that fails is logged and skipped: a dashboard never holds up or fails a step.
 """
 
 from __future__ import annotations
 
 import json
+import queue
 import threading
 from pathlib import Path
 from typing import Any, Protocol
@@ -29,7 +30,8 @@ from vime.metrics.tensorboard_sink import TENSORBOARD_DIR, TensorBoardSink, tens
 log = get_logger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
-__all__ = ["BOOKKEEPING", "METRICS_FILE", "TENSORBOARD_DIR", "MetricsLog", "MetricsSink", "read_metrics", "run_sinks"]
+__all__ = ["BOOKKEEPING", "METRICS_FILE", "TENSORBOARD_DIR", "MetricsLog", "MetricsSink", "SinkFeeder", "read_metrics",
+           "run_sinks"]
 
 
 class MetricsSink(Protocol):
@@ -67,17 +69,59 @@ def run_sinks(args: Any) -> list[MetricsSink]:
     return sinks
 
 
+class SinkFeeder:
+    """One sink's lines, written in order on a thread of its own: a slow or hung dashboard (W&B's
+    servers unreachable) never holds up the step whose line the file already has. Every call to
+    the sink, `close` included, is made from that thread."""
+
+    def __init__(self, sink: MetricsSink) -> None:
+        self.sink = sink
+        self.name = type(sink).__name__
+        self._lines: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=f"metrics-{self.name}", daemon=True)
+        self._thread.start()
+
+    def put(self, step: int, line: dict[str, Any]) -> None:
+        self._lines.put((step, line))
+
+    def flush(self) -> None:
+        """Return once the sink has been handed every line put so far."""
+        self._lines.join()
+
+    def close(self, timeout: float = 60.0) -> None:
+        self._lines.put(None)
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            log.warning("metrics.sink_close_timeout", sink=self.name, seconds=timeout)
+
+    def _run(self) -> None:
+        while True:
+            item = self._lines.get()
+            try:
+                if item is None:
+                    self.sink.close()
+                    return
+                self.sink.write(*item)
+            except Exception as e:  # noqa: BLE001 - the file has the line; the dashboard misses it, logged
+                log.warning("metrics.sink_failed", sink=self.name, step=item and item[0], error=repr(e))
+            finally:
+                self._lines.task_done()
+
+
 class MetricsLog:
     def __init__(self, run_dir: str | Path, sinks: list[MetricsSink] | None = None) -> None:
         """`sinks`: default TensorBoard when installed (`run_sinks(args)` for a run's own)."""
         self.run_dir = Path(run_dir)
-        self.sinks = ([TensorBoardSink(run_dir)] if tensorboard_installed() else []) if sinks is None else sinks
+        sinks = ([TensorBoardSink(run_dir)] if tensorboard_installed() else []) if sinks is None else sinks
+        self.sinks = sinks
+        self._feeders: list[SinkFeeder] = []
         self._lock = threading.Lock()
         self._written: set[int] | None = None
         self._size = 0  # of the file as this log last saw it: another process's lines mean a re-read
 
     def write(self, step: int, metrics: dict[str, Any]) -> bool:
-        """Append `metrics` for `step` unless it is already there; True when it was written."""
+        """Append `metrics` for `step` unless it is already there; True when it was written. The
+        sinks get the line on their own threads (`flush` waits for them)."""
         with self._lock:
             if self._written is None:
                 self._open()
@@ -91,8 +135,8 @@ class MetricsLog:
                 f.write(json.dumps(line, default=str) + "\n")
             self._size = self._file_size()
             self._written.add(step)
-            for sink in self.sinks:
-                self._feed(sink, step, line)
+            for feeder in self._feeders:
+                feeder.put(step, line)
             return True
 
     def _open(self) -> None:
@@ -101,19 +145,15 @@ class MetricsLog:
         self._written = {m["step"] for m in lines}
         self._size = self._file_size()
         for sink in self.sinks:
+            feeder = SinkFeeder(sink)
+            self._feeders.append(feeder)
             try:
                 missing = [m for m in lines if not sink.written(m["step"])]
             except Exception as e:  # noqa: BLE001 - an unreadable sink is a warning, not a failed step
-                log.warning("metrics.sink_unreadable", sink=type(sink).__name__, error=repr(e))
+                log.warning("metrics.sink_unreadable", sink=feeder.name, error=repr(e))
                 continue
             for m in missing:
-                self._feed(sink, m["step"], m)
-
-    def _feed(self, sink: MetricsSink, step: int, line: dict[str, Any]) -> None:
-        try:
-            sink.write(step, line)
-        except Exception as e:  # noqa: BLE001 - the file has the line; the dashboard misses it, logged
-            log.warning("metrics.sink_failed", sink=type(sink).__name__, step=step, error=repr(e))
+                feeder.put(m["step"], m)
 
     def _file_size(self) -> int:
         try:
@@ -121,11 +161,14 @@ class MetricsLog:
         except FileNotFoundError:
             return 0
 
+    def flush(self) -> None:
+        """Return once every sink has been handed every line written so far."""
+        for feeder in self._feeders:
+            feeder.flush()
+
     def close(self) -> None:
-        """Close every sink (a W&B run is finished); the file needs nothing."""
+        """Hand each sink its last lines and close it (a W&B run is finished); the file needs nothing."""
         with self._lock:
-            for sink in self.sinks:
-                try:
-                    sink.close()
-                except Exception as e:  # noqa: BLE001
-                    log.warning("metrics.sink_close_failed", sink=type(sink).__name__, error=repr(e))
+            feeders, self._feeders, self._written = self._feeders, [], None
+        for feeder in feeders:
+            feeder.close()
