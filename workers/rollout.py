@@ -85,21 +85,23 @@ async def serve(args) -> None:
                                  max_concurrent_workflow_tasks=ROLLOUT_WORKFLOW_TASK_SLOTS,
                                  build_id=code_build_id()))
         announce("rollout", workers, args)
-        polling = exporter and asyncio.create_task(exporter.poll_queues(client, args.temporal_namespace, [
-            (args.rollout_task_queue, "workflow"), (args.rollout_task_queue, "activity"),
-            (args.trainer_task_queue, "activity"), (args.sandbox_task_queue, "activity")]))
+        polling = None
+        if exporter:
+            polling = asyncio.create_task(exporter.poll_queues(client, args.temporal_namespace, [
+                (args.rollout_task_queue, "workflow"), (args.rollout_task_queue, "activity"),
+                (args.trainer_task_queue, "activity"), (args.sandbox_task_queue, "activity")]))
         try:
             await run_until_signalled(workers)
         finally:  # each step bounded: a stopping worker must exit, and its sandboxes go first
-            if exporter:
-                polling.cancel()
-                exporter.close()
-            await asyncio.wait_for(asyncio.to_thread(metrics.close), 30)  # W&B runs finished
             for extra in extras:  # the environments' sandboxes go first
                 if extra.close is not None:
                     await asyncio.wait_for(extra.close(), 60)
             await asyncio.wait_for(close_shared_adapters(), 15)  # agent sessions and agent generate hooks
             await asyncio.wait_for(close_engine_clients(), 15)
+            await asyncio.wait_for(asyncio.to_thread(metrics.close), 30)  # the runs' last lines; W&B runs finished
+            if polling:
+                polling.cancel()
+                exporter.close()
 
 
 def serve_metrics(args):
