@@ -108,11 +108,13 @@ def test_a_resumed_run_gives_tensorboard_each_line_once_including_those_a_dead_l
     second = MetricsLog(tmp_path)
     assert [second.write(step, {**STEP_LINE, "loss": step / 10}) for step in (1, 2, 3)] == [False, False, True]
     second.close()
+    assert not second.write(3, STEP_LINE) and second.write(4, STEP_LINE), "a closed log opens again"
+    second.close()
 
-    assert [m["step"] for m in read_metrics(tmp_path)] == [0, 1, 2, 3]
-    assert (tmp_path / METRICS_FILE).read_text().count("\n") == 4
-    assert scalars(tmp_path)["train/loss"] == [(0, 0.0), (1, 0.1), (2, 0.2), (3, 0.3)]
-    assert len(list((tmp_path / TENSORBOARD_DIR).iterdir())) == 2, "one event file per launch"
+    assert [m["step"] for m in read_metrics(tmp_path)] == [0, 1, 2, 3, 4]
+    assert (tmp_path / METRICS_FILE).read_text().count("\n") == 5
+    assert scalars(tmp_path)["train/loss"] == [(0, 0.0), (1, 0.1), (2, 0.2), (3, 0.3), (4, 0.1)]
+    assert len(list((tmp_path / TENSORBOARD_DIR).iterdir())) == 3, "one event file per opening"
 
 
 class Hung:

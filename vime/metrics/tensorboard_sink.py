@@ -58,6 +58,7 @@ class TensorBoardSink:
         self._writer.flush()
 
     def close(self) -> None:
+        self._steps = None  # read again at the next open: this log's own lines are there now
         if self._writer is not None:
             self._writer.close()
             self._writer = None
