@@ -18,6 +18,8 @@ from temporalio.worker import Replayer
 
 from tests.conftest import engine_flags
 from tests.test_metrics_log import scalars
+from tests.test_metrics_wandb import WANDB_HOMES, offline_runs
+from vime.metrics.tags import GROUPS
 from vime.metrics_log import read_metrics
 from vime.rollout.policy_check import sampled_versions
 from vime.store import SampleStore
@@ -46,8 +48,9 @@ def test_a_run_evaluates_at_0_every_n_steps_and_after_the_last_on_one_policy_ver
             "--rollout-max-response-len", "6", "--run-dir", str(tmp_path / "run"),
             "--eval-interval", "2", "--eval-prompt-data", "heldout", str(heldout), "--eval-input-key", "q",
             "--eval-label-key", "a", "--n-samples-per-eval-prompt", str(n), "--eval-max-response-len", "4",
-            *engine_flags(training_server)]
-    env = {**os.environ, "VIME_LOG_FORMAT": "json", "VIME_LOG_LEVEL": "WARNING"}
+            "--use-wandb", *engine_flags(training_server)]
+    env = {**os.environ, "VIME_LOG_FORMAT": "json", "VIME_LOG_LEVEL": "WARNING", "WANDB_MODE": "offline",
+           "WANDB_SILENT": "true", **{name: str(tmp_path / "wandb-home") for name in WANDB_HOMES}}
     result = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     assert "finished: 5 steps" in result.stdout
@@ -86,7 +89,12 @@ def test_a_run_evaluates_at_0_every_n_steps_and_after_the_last_on_one_policy_ver
     assert [step for step, _ in tensorboard["eval/heldout/reward_mean"]] == rounds
     assert [value for _, value in tensorboard["eval/heldout/pass@4"]] == [by_step[s]["eval/heldout/pass@4"]
                                                                          for s in rounds]
-    assert "reward_mean" in tensorboard and not {"step", "finished_at"} & set(tensorboard)
+    assert "rollout/reward_mean" in tensorboard and {tag.split("/")[0] for tag in tensorboard} <= set(GROUPS)
+    assert all(m["entropy"] > 0 for m in metrics if not m.get("eval_only")), "README's entropy, every step"
+    assert [step for step, _ in tensorboard["train/entropy"]] == [s for s in by_step if s < 5]
+    wandb_rows = [row for launch in offline_runs(tmp_path / "run") for row in launch["rows"]]
+    assert [row["_step"] for row in wandb_rows] == sorted(by_step), "W&B (offline): each line once"
+    assert wandb_rows[2]["rollout/reward_mean"] == pytest.approx(by_step[2]["reward_mean"])
 
     compared = subprocess.run([sys.executable, "-m", "vime.cli", "eval", "--compare", str(tmp_path / "run"),
                                str(tmp_path / "run"), "--json"], capture_output=True, text=True, cwd=REPO, timeout=120)

@@ -133,6 +133,16 @@ EXERCISED = {
     "--eval-interval": "test_eval_run.py::test_a_run_evaluates_at_0_every_n_steps_and_after_the_last_on_one_policy_version_each",
     "--eval-function-path": "test_eval_run.py::test_fully_async_trains_while_a_round_evaluates_each_round_on_exactly_one_policy_version",
     "--skip-eval-before-train": "test_eval.py::test_eval_flags_parse_as_slime_names_them_and_shape_eval_sampling",
+    "--use-wandb": "test_metrics_wandb.py::test_a_run_logs_each_line_to_one_wandb_run_offline_and_a_relaunch_continues_it_once",
+    "--wandb-project": "test_metrics_wandb.py::test_a_run_logs_each_line_to_one_wandb_run_offline_and_a_relaunch_continues_it_once",
+    "--wandb-group": "test_metrics_wandb.py::test_a_run_logs_each_line_to_one_wandb_run_offline_and_a_relaunch_continues_it_once",
+    "--wandb-team": "test_metrics_wandb.py::test_a_run_logs_each_line_to_one_wandb_run_offline_and_a_relaunch_continues_it_once",
+    "--wandb-dir": "test_metrics_wandb.py::test_a_run_logs_each_line_to_one_wandb_run_offline_and_a_relaunch_continues_it_once",
+    "--wandb-key": "test_metrics_wandb.py::test_a_run_logs_each_line_to_one_wandb_run_offline_and_a_relaunch_continues_it_once",
+    "--wandb-run-id": "test_metrics_wandb.py::test_wandb_run_id_names_the_run_and_the_run_s_settings_are_its_own",
+    "--wandb-mode": "test_metrics_wandb.py::test_wandb_run_id_names_the_run_and_the_run_s_settings_are_its_own",
+    "--wandb-host": "test_metrics_wandb.py::test_wandb_run_id_names_the_run_and_the_run_s_settings_are_its_own",
+    "--metrics-port": "test_metrics_prometheus.py::test_a_long_lived_rollout_worker_serves_each_runs_steps_samples_failures_sync_times_and_queue_backlogs",
 }
 
 # flag -> (a command line parse_args refuses, a fragment of the one-line reason)

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     # plumbing every layer may use: hooks by dotted path, child processes, the run directory,
     # --vllm-*/--router-* forwarding (the engine's topology reads it), metrics and sample lines
     ("vime.plugins", "vime.procguard", "vime.procs", "vime.rundir", "vime.config.forward", "vime.config.vllm_options",
-     "vime.metrics_log", "vime.sample_summary"),
+     "vime.metrics_log", "vime.metrics", "vime.sample_summary"),
     ("vime.store",),
     ("vime.engine", "vime.router"),
     ("vime.sandbox",),

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
+from transformers import AutoConfig
 
 from vime.config.args import parse_args
 from vime.rollout.data_source import RolloutDataSource
@@ -168,3 +170,16 @@ def test_gradient_checkpointing_keeps_fewer_activations_for_backward_and_gives_t
     assert recomputed[1] < 0.75 * plain[1], (recomputed[1], plain[1])  # the layers' activations are recomputed
     assert recomputed[2]["loss"] == pytest.approx(plain[2]["loss"], abs=1e-6)
     assert recomputed[2]["grad_norm"] == pytest.approx(plain[2]["grad_norm"], rel=1e-5)
+
+
+def test_every_step_reports_the_policys_entropy_which_the_entropy_bonus_subtracts(tiny_model_dir, tmp_path):
+    """`entropy` (the mean token entropy of the trained tokens, README's metrics) is in every step's
+    metrics, also at --entropy-coef 0, where it is read off the logits without a gradient; with a
+    bonus the same figure is what the loss subtracts."""
+    plain = Trainer(make_args(tmp_path, tiny_model_dir)).train_step(synthetic_batch(0)).metrics
+    bonus = Trainer(make_args(tmp_path, tiny_model_dir, ["--entropy-coef", "0.01"])).train_step(
+        synthetic_batch(0)).metrics
+    vocab = AutoConfig.from_pretrained(tiny_model_dir).vocab_size
+    assert 0 < plain["entropy"] <= math.log(vocab)
+    assert bonus["entropy"] == pytest.approx(plain["entropy"], rel=1e-5)
+    assert bonus["loss"] == pytest.approx(plain["loss"] - 0.01 * plain["entropy"], abs=1e-5)

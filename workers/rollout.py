@@ -15,6 +15,7 @@ run starts on it from the JSON of `vime config` like any other.
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 
 from temporalio.worker import Worker
@@ -61,8 +62,10 @@ async def serve(args) -> None:
     with SampleStore.open(args.store_url) as store:
         ensure_run(args, store)
         acts = RolloutActivities(args, store)
+        exporter = serve_metrics(args)
+        metrics = MetricsActivities(acts.runs, exporter)
         activities = [acts.register_run, acts.generate_group, acts.generate_rollout_step, *StepActivities(store).all(),
-                      MetricsActivities(acts.runs).record_metrics, *acts.evals.all()]
+                      metrics.record_metrics, *acts.evals.all()]
         envs = served_environments(args)
         if args.sandbox_backend == "bwrap":  # any environment's sandboxes (agent
             from vime.sandbox.bwrap import reap_stale_workdirs  # sessions, tool calls) left by a
@@ -82,6 +85,11 @@ async def serve(args) -> None:
                                  max_concurrent_workflow_tasks=ROLLOUT_WORKFLOW_TASK_SLOTS,
                                  build_id=code_build_id()))
         announce("rollout", workers, args)
+        polling = None
+        if exporter:
+            polling = asyncio.create_task(exporter.poll_queues(client, args.temporal_namespace, [
+                (args.rollout_task_queue, "workflow"), (args.rollout_task_queue, "activity"),
+                (args.trainer_task_queue, "activity"), (args.sandbox_task_queue, "activity")]))
         try:
             await run_until_signalled(workers)
         finally:  # each step bounded: a stopping worker must exit, and its sandboxes go first
@@ -90,6 +98,22 @@ async def serve(args) -> None:
                     await asyncio.wait_for(extra.close(), 60)
             await asyncio.wait_for(close_shared_adapters(), 15)  # agent sessions and agent generate hooks
             await asyncio.wait_for(close_engine_clients(), 15)
+            await asyncio.wait_for(asyncio.to_thread(metrics.close), 30)  # the runs' last lines; W&B runs finished
+            if polling:
+                polling.cancel()
+                exporter.close()
+
+
+def serve_metrics(args):
+    """`--metrics-port`: this worker's Prometheus endpoint (`vime.metrics.prometheus`), or None."""
+    if args.metrics_port is None:
+        return None
+    from vime.metrics.prometheus import WorkerMetrics
+
+    exporter = WorkerMetrics()
+    port = exporter.serve(args.metrics_port)
+    print(f"[vime] worker rollout metrics: http://{socket.gethostname()}:{port}/metrics", flush=True)
+    return exporter
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -43,6 +43,10 @@ GROUPS = {
         "The vllm-router in front of the servers. Every router flag also works as --router-<flag> "
         "(--router-balance-abs-threshold 32, ...); only the ones you set are forwarded."
     ),
+    "metrics": (
+        "Where each step's metrics go besides <run-dir>/metrics.jsonl: TensorBoard (when installed), "
+        "W&B (slime's --wandb-* flags), a Prometheus endpoint on the rollout worker."
+    ),
 }
 
 
@@ -55,7 +59,8 @@ def _flag(group: str, default: Any, help: str, **argparse_kwargs: Any) -> Any:
     return field(default=default, metadata=meta)
 
 
-_data, _rollout, _reward, _training, _algorithm, _checkpoint, _orchestration, _sandbox, _vllm, _router = (
+(_data, _rollout, _reward, _training, _algorithm, _checkpoint, _orchestration, _sandbox, _vllm, _router,
+ _metrics) = (
     functools.partial(_flag, group) for group in GROUPS
 )
 
@@ -328,6 +333,26 @@ class VimeArgs:
 
     # router
     router_policy: str = _router("cache_aware", "Routing policy; consistent_hash keeps a session on one server.")
+
+    # metrics: slime's W&B flags (vime.metrics.wandb_sink), the rollout worker's Prometheus port
+    use_wandb: bool = _metrics(False, "Log every metrics.jsonl line to Weights & Biases (pip install vime[wandb]).")
+    wandb_mode: str | None = _metrics(
+        None, "W&B mode (default: $WANDB_MODE, else online); offline keeps the run under --wandb-dir for "
+              "`wandb sync`.", choices=("online", "offline", "disabled"))
+    wandb_dir: str | None = _metrics(None, "Directory of W&B's files (default: the run directory).")
+    wandb_key: str | None = _metrics(
+        None, "W&B API key (default: $WANDB_API_KEY or `wandb login`). It is stored with the run's flags: "
+              "prefer WANDB_API_KEY in the rollout worker's environment.")
+    wandb_host: str | None = _metrics(None, "W&B server URL (default: W&B's cloud).")
+    wandb_team: str | None = _metrics(None, "W&B entity (team or user) of the run.")
+    wandb_group: str | None = _metrics(None, "W&B group of the run.")
+    wandb_project: str | None = _metrics(None, "W&B project (default: vime).")
+    wandb_run_id: str | None = _metrics(
+        None, "W&B run id (default: one made at the run's first line, kept in <run-dir>/wandb-run.json): "
+              "a resumed run continues the same W&B run.")
+    metrics_port: int | None = _metrics(
+        None, "Serve Prometheus metrics on this port from the rollout worker (steps, samples, failures, "
+              "task-queue backlogs, sync and phase times, per run); 0 picks a free port.")
 
     # derived, not flags
     vllm_server_args: list[str] = field(default_factory=list)

@@ -15,6 +15,7 @@ so a pre-start error is on the console in about 0.4 s of CPU, a few seconds unde
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ def preflight(args: Any) -> None:
     check_checkpoint(args)
     check_serving(args)
     check_opd(args)
+    check_metrics(args)
     check_prompt_data(args)
 
 
@@ -63,6 +65,13 @@ def check_required(args: Any) -> None:
     missing = [_flag(n) for n in REQUIRED_FLAGS if getattr(args, n) in (None, "")]
     if missing:
         raise ConfigError(f"vime train needs {', '.join(missing)}")
+
+
+def check_metrics(args: Any) -> None:
+    """`--use-wandb` has its package: found later, each step's line would miss W&B with a warning
+    in the rollout worker's log that nobody reads."""
+    if args.use_wandb and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("--use-wandb: the wandb package is not installed: pip install 'vime[wandb]'")
 
 
 def check_run_dir(args: Any) -> None:

@@ -116,14 +116,19 @@ class Trainer:
     # ---- forward passes ----------------------------------------------------------------------
 
     def _forward(self, model: torch.nn.Module, micro_batch: list, *, entropy: bool = False):
-        """Response-token logprobs (and entropy) of a packed micro-batch."""
+        """Response-token logprobs (and entropy) of a packed micro-batch. The entropy carries its
+        gradient only for an entropy bonus (`--entropy-coef`); otherwise it is the step's `entropy`
+        metric, taken from the logits already there without a graph."""
         if not micro_batch:  # padding micro-batch (ranks must run the same count): a dummy forward
             out = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device), use_cache=False)
             return None, out.logits.sum() * 0.0, None
         packed = pack(micro_batch).to(self.device)
         logits = model(**packed.model_inputs()).logits[0, packed.logit_index]
         lp = token_logprobs(logits, packed.targets, self.temperature)
-        ent = entropy_from_logits(logits, self.temperature) if entropy else None
+        ent = None
+        if entropy:
+            ent = (entropy_from_logits(logits, self.temperature) if self.loss_config.entropy_coef != 0
+                   else entropy_from_logits(logits.detach(), self.temperature))
         return packed, lp, ent
 
     @torch.no_grad()
@@ -184,7 +189,7 @@ class Trainer:
         grad_norms = []
         for i, step_plan in enumerate(plan):
             for mb in step_plan[dist_utils.rank()]:
-                packed, lp, ent = self._forward(self.model, mb, entropy=self.loss_config.entropy_coef != 0)
+                packed, lp, ent = self._forward(self.model, mb, entropy=self.loss_config.loss_type != "sft_loss")
                 if packed is None:
                     (lp * world).backward()
                     continue
