@@ -9,7 +9,8 @@ container on a Compose network and a process here is rewritten (`LocalTopology.l
 - addresses: a service's `NAME:PORT`, a `--X-ip NAME --X-port PORT` pair, and in a service's own
   command its listening port and `0.0.0.0` become 127.0.0.1 and a free local port (a service's
   ports are those its `ports` and `expose` declare);
-- bind mounts: a container path becomes the local copy of its host directory under `root`;
+- bind mounts: a container path becomes the local copy of its repository directory under `root`
+  (a host path elsewhere, such as the /dev/shm directory the weights go through, is this host's);
 - `StandIn`s replace the images vime does not build (PostgreSQL, Temporal's server and schema
   step, the Web UI); the test starts them, and `variables` sets what points at them.
 """
@@ -83,12 +84,14 @@ class LocalTopology:
         return text
 
     def mounts(self, name: str) -> dict[str, Path]:
-        """Container path -> this machine's copy of the host directory bind-mounted there."""
+        """Container path -> this machine's copy of the repository directory bind-mounted there.
+        A host path outside the repository (/dev/shm/vime) is this host's own: left as it is."""
         out = {}
         for volume in self.services[name].get("volumes", []):
             host, container = volume.split(":")[:2]
-            if host.startswith((".", "/")):
-                out[container] = self.root / (REPO / host).resolve().relative_to(REPO)
+            local = (REPO / host).resolve()
+            if host.startswith((".", "/")) and local.is_relative_to(REPO):
+                out[container] = self.root / local.relative_to(REPO)
         return out
 
     def environment(self, name: str) -> dict[str, str]:

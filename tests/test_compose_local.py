@@ -1,6 +1,6 @@
 """docker-compose.yml runs: its services' own commands, started here as local processes in the
 order and on the conditions the file gives (tests/compose_local.py), fetch the model, start two
-vLLM servers with the collective weight-sync backend, the router, the rollout worker and the
+vLLM servers with vime's weight-sync backend, the router, the rollout worker and the
 trainer under torchrun; `start-run` starts the run of deploy/vime.env, which trains 2 steps,
 syncs the weights into both servers and saves its checkpoint. No Docker engine here, so what the
 images provide stands in (`STAND_INS`), and the run is made small (`SMALL_RUN`); nothing else of
@@ -56,8 +56,8 @@ def test_the_compose_file_s_own_commands_train_two_steps_here(tiny_model_dir, po
         with SampleStore.open(store_url) as store:
             topology.wait(lambda: len(store.trained_counts(env["RUN_ID"])) == 2, 900, "2 trained steps")
             trained = store.trained_counts(env["RUN_ID"])
-        result = subprocess.run([str(temporal_cli_path()), "workflow", "result", "--address", temporal,
-                                 "--workflow-id", f"train-{env['RUN_ID']}"], capture_output=True, text=True, timeout=300)
+        result = subprocess.run([str(temporal_cli_path()), "workflow", "result", "--address", temporal, "--workflow-id",
+                                 f"train-{env['RUN_ID']}"], capture_output=True, text=True, timeout=300)
     finally:
         topology.stop()
     print(f"\n[compose without Docker] services up in {t_up:.0f} s, 2 steps trained in "
@@ -69,5 +69,6 @@ def test_the_compose_file_s_own_commands_train_two_steps_here(tiny_model_dir, po
     assert [m["step"] for m in metrics] == [0, 1]
     assert list((run_dir / "checkpoints").iterdir()), "the last step's checkpoint"
     for name in ("vllm-0", "vllm-1"):
-        assert "vime_collective" in topology.log(name).read_text(), f"{name} took weights by broadcast"
+        assert "vime_shm" in topology.log(name).read_text(), f"{name} loads the trainer's weights files"
+    assert [m["weight_version"] for m in metrics] == [1, 2], "each step's weights synced"
     assert (tmp_path / "runs" / f"{env['RUN_ID']}.input.json").exists()  # what start-run handed Temporal

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import re
 import subprocess
+import sys
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
@@ -93,16 +95,19 @@ def test_the_workers_reach_the_servers_the_file_starts(services):
         assert services[name]["expose"] == [port], f"{name} declares the port it listens on"
 
 
-def test_weights_go_to_the_vllm_containers_by_broadcast_not_through_a_shared_dev_shm(services):
-    """The default file engine hands each server a path in the trainer's /dev/shm: separate
-    containers do not see it. The collective engine needs only the network."""
+def test_the_weights_file_the_trainer_writes_is_where_the_vllm_containers_read_it(services):
+    """The file engine (vime's default) writes a safetensors file to the trainer's /dev/shm and
+    hands each server its path: the trainer and both servers mount one host directory there."""
     from vime.engine.serve import server_for
+    from vime.engine.weight_sync.sync import WeightSync
 
-    for name in ("rollout-worker", "trainer", "vllm-0", "vllm-1", "start-run"):
-        assert run_args(services, name).weight_sync_engine == "collective", name
-    assert not any(service.get("ipc") for service in services.values())
-    server = server_for(engine_args_here(services))
-    assert '{"backend": "vime_collective"}' in server.command(), "the servers load the collective backend"
+    for name in VIME_COMMANDS:
+        assert run_args(services, name).weight_sync_engine == "file", name
+    assert inspect.signature(WeightSync).parameters["directory"].default == "/dev/shm"
+    shm = {name: [v.split(":")[0] for v in services[name]["volumes"] if v.split(":")[1] == "/dev/shm"]
+           for name in ("trainer", "vllm-0", "vllm-1")}
+    assert all(len(hosts) == 1 for hosts in shm.values()) and len({hosts[0] for hosts in shm.values()}) == 1, shm
+    assert '{"backend": "vime_shm"}' in server_for(engine_args_here(services)).command(), "the file backend"
 
 
 def engine_args_here(services: dict):
@@ -178,6 +183,8 @@ def test_the_model_is_fetched_first_into_the_directory_every_service_loads(servi
     fetch = compose.command(services["model"]).words
     target = fetch[fetch.index("--local-dir") + 1]
     assert fetch[fetch.index("download") + 1] == env["MODEL_REPO"]
+    hf = Path(sys.executable).parent / "hf"  # huggingface_hub's CLI, installed with vime
+    assert "--local-dir" in subprocess.run([str(hf), "download", "--help"], capture_output=True, text=True).stdout
     for name in VIME_COMMANDS:
         assert run_args(services, name).hf_checkpoint == target, name
 
