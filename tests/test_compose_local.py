@@ -17,6 +17,7 @@ import pytest
 from tests import compose
 from tests.compose_local import LocalTopology, StandIn
 from tests.runs import write_prompts
+from vime.engine.weight_sync import live_weights
 from vime.procs import spawn
 from vime.store import SampleStore
 from vime.temporal.dev_server import temporal_cli_path
@@ -43,6 +44,7 @@ def test_the_compose_file_s_own_commands_train_two_steps_here(tiny_model_dir, po
     (tmp_path / "models" / env["MODEL_REPO"]).symlink_to(tiny_model_dir)  # `model` finds it: no download
     write_prompts(tmp_path / "data" / "prompts.jsonl", 8)
     temporal = f"127.0.0.1:{topology.port('temporal', 7233)}"
+    run_dir = tmp_path / "runs" / env["RUN_ID"]  # ./runs on the host: the volume --run-dir and --save are on
     t0 = time.monotonic()
     try:
         topology.adopt("temporal", spawn(
@@ -60,11 +62,11 @@ def test_the_compose_file_s_own_commands_train_two_steps_here(tiny_model_dir, po
                                  f"train-{env['RUN_ID']}"], capture_output=True, text=True, timeout=300)
     finally:
         topology.stop()
+        live_weights.remove(run_dir)  # the trainer's last weights, which it keeps in this host's /dev/shm
     print(f"\n[compose without Docker] services up in {t_up:.0f} s, 2 steps trained in "
           f"{time.monotonic() - t0 - t_up:.0f} s more")
     assert trained == {0: 4, 1: 4}
     assert result.returncode == 0 and "COMPLETED" in result.stdout, result.stdout + result.stderr
-    run_dir = tmp_path / "runs" / env["RUN_ID"]  # ./runs on the host: the volume --run-dir and --save are on
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [0, 1]
     assert list((run_dir / "checkpoints").iterdir()), "the last step's checkpoint"
