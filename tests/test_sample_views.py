@@ -6,8 +6,10 @@
   `metrics.jsonl`'s `step` keep its 0-based index (their keys are read by scripts).
 - A truncated sample (it hit the length limit) finished: its status and finish reason say so,
   and no view calls it a failure (`vime samples --failed` never listed it; the memo did).
-- `vime show` and `vime samples` answer without torch, transformers or vLLM: a subprocess runs
-  each command on a store and checks none of them was imported.
+- `vime show` and `vime samples` answer in about a second of CPU: a subprocess runs each
+  command on a store and checks that neither torch, transformers nor vLLM was imported (the
+  token texts come from `tokenizer.json`), nor alembic (the store is at head) nor structlog
+  (nothing logged).
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ def test_a_truncated_sample_finished_at_the_length_limit_and_no_view_calls_it_a_
     assert "a/1  truncated (hit the length limit)," in shown and "failure" not in shown
 
 
-def test_vime_show_and_samples_import_neither_torch_transformers_nor_vllm(tmp_path, tiny_model_dir):
+def test_vime_show_and_samples_import_neither_torch_transformers_nor_vllm_nor_what_they_do_not_use(tmp_path, tiny_model_dir):
     store_dir = stored_run(tmp_path / "run", str(tiny_model_dir))
     script = f"""
 import json, sys
@@ -84,7 +86,7 @@ from vime.cli import main
 for argv in (["show", {RUN!r}, "a", "--run-dir", {store_dir!r}, "--json"],
              ["samples", {RUN!r}, "--run-dir", {store_dir!r}, "--json"]):
     assert main(argv) == 0
-print(json.dumps([m for m in ("torch", "transformers", "vllm") if m in sys.modules]))
+print(json.dumps([m for m in ("torch", "transformers", "vllm", "alembic", "structlog") if m in sys.modules]))
 """
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
