@@ -220,7 +220,7 @@ def test_rescore_stores_new_rewards_beside_the_old_and_the_same_code_again_chang
     first = json.loads(done.stdout)
     assert (first["samples"], first["written"], first["scored"]) == (6, 6, 6)
     by_step = {s["step"]: s for s in first["steps"]}
-    assert by_step[0]["old_mean"] == 0.5 and by_step[0]["new_mean"] == len("1 2 3") / 2 + len("1 2") / 2
+    assert by_step[1]["old_mean"] == 0.5 and by_step[1]["new_mean"] == len("1 2 3") / 2 + len("1 2") / 2  # step 1: g0
     assert rewards() == before, "the samples' own rewards are not touched"
 
     again = json.loads(vime("rescore", RUN, *flags, "--custom-rm-path", "length_reward.rm", "--json",

@@ -3,7 +3,8 @@
 Step N is the N-th step trained; it ends with the policy of N steps, saved as `step_N` (zero
 padded) by `--save`, and the eval round "at step N" evaluates that policy (N = 0: the policy
 before training). The console ("step 1/4"), `vime report`'s plots and tables, `vime samples`
-(its STEP column, `--step` and `--json`) and `vime show` ("trained at step 1") all count this way.
+(its STEP column, `--step` and `--json`), `vime rescore` and `vime show` ("trained at step 1")
+all count this way.
 
 The store and `metrics.jsonl` keep the step's 0-based index (`trained_step`, `"step"` on a train
 line; an eval-only line's `"step"` is already the number of steps trained): those keys are read
