@@ -88,7 +88,8 @@ def test_samples_lists_step_reward_status_version_failure_and_a_preview(run_stor
     got = json.loads(listed.stdout)
     assert got["total"] == 6
     by_key = {s["key"]: s for s in got["samples"]}
-    assert (by_key["g0/1"]["step"], by_key["g0/1"]["reward"], by_key["g0/1"]["preview"]) == (0, 0.0, "1 2")
+    # steps from 1, as the console counts them: g0 was trained by the first step (trained_step 0)
+    assert (by_key["g0/1"]["step"], by_key["g0/1"]["reward"], by_key["g0/1"]["preview"]) == (1, 0.0, "1 2")
     assert by_key["broken/0"]["failure"] == "infra" and "died mid-request" in by_key["broken/0"]["cause"]
     assert by_key["agent/0"]["failure"] == "grade: tests_failed" and by_key["agent/0"]["version"] == "3-4"
     assert by_key["fresh/0"]["step"] is None
@@ -96,7 +97,7 @@ def test_samples_lists_step_reward_status_version_failure_and_a_preview(run_stor
     def keys(*flags: str) -> list[str]:
         return [s["key"] for s in json.loads(vime("samples", RUN, *run_store, "--json", *flags).stdout)["samples"]]
 
-    assert keys("--step", "1") == ["g1/0", "agent/0"]
+    assert keys("--step", "2") == ["g1/0", "agent/0"]
     assert keys("--failed") == ["broken/0"]
     assert keys("--untrained") == ["broken/0", "fresh/0"]
     assert keys("--where", "reward > 0.5 AND response LIKE '1 2%'") == ["g0/0", "fresh/0"]
@@ -141,7 +142,7 @@ def test_show_prints_prompt_response_tokens_by_loss_mask_and_the_failure(run_sto
     assert "\033[32m" in out and "\033[90m" in out, "trained tokens green, the masked last one grey"
     assert "-0.5000" in out, "each token's logprob"
     (one,) = json.loads(vime("show", RUN, "g0/1", *run_store, "--json").stdout)
-    assert (one["response"], one["trained_step"], one["reward"]) == ("1 2", 0, 0.0)
+    assert (one["response"], one["trained_step"], one["step"], one["reward"]) == ("1 2", 0, 1, 0.0)
     assert "".join(t["text"] for t in one["response_tokens"]) == "1 2", "each token's text, from the run's tokenizer"
     assert [t["loss_mask"] for t in one["response_tokens"]][-1] == 0
 
@@ -219,7 +220,7 @@ def test_rescore_stores_new_rewards_beside_the_old_and_the_same_code_again_chang
     first = json.loads(done.stdout)
     assert (first["samples"], first["written"], first["scored"]) == (6, 6, 6)
     by_step = {s["step"]: s for s in first["steps"]}
-    assert by_step[0]["old_mean"] == 0.5 and by_step[0]["new_mean"] == len("1 2 3") / 2 + len("1 2") / 2
+    assert by_step[1]["old_mean"] == 0.5 and by_step[1]["new_mean"] == len("1 2 3") / 2 + len("1 2") / 2  # step 1: g0
     assert rewards() == before, "the samples' own rewards are not touched"
 
     again = json.loads(vime("rescore", RUN, *flags, "--custom-rm-path", "length_reward.rm", "--json",

@@ -79,10 +79,10 @@ def test_the_quickstart_raises_mean_reward_to_0_9_within_10_minutes(training_ser
         return done.stdout
 
     assert "finished" in vime("runs").splitlines()[1]
-    listed = json.loads(vime("samples", "quickstart", "--step", "23", "--json"))
-    assert listed["total"] == 64 and all(s["step"] == 23 for s in listed["samples"])
+    listed = json.loads(vime("samples", "quickstart", "--step", "24", "--json"))  # the last: steps count from 1
+    assert listed["total"] == 64 and all(s["step"] == 24 for s in listed["samples"])
     (shown,) = json.loads(vime("show", "quickstart", listed["samples"][0]["key"], "--json"))
-    assert shown["prompt"] and shown["response_tokens"] and shown["trained_step"] == 23
+    assert shown["prompt"] and shown["response_tokens"] and (shown["step"], shown["trained_step"]) == (24, 23)
     metrics = read_metrics(run_dir)
     assert [m["step"] for m in metrics] == list(range(25)), "metrics.jsonl: one line per step, and the last round"
     assert metrics[24]["eval_only"] and "reward_mean" not in metrics[24]

@@ -50,8 +50,8 @@ def test_a_coding_agent_sample_shows_each_turns_response_tokens_and_its_chain(tm
 
 
 def test_a_tool_use_sample_shows_each_turns_text_observation_and_finish(tmp_path):
-    """tool_use records what each turn wrote and what the tool answered, with no token offsets:
-    `show` used to fail on it with KeyError: 'start'."""
+    """tool_use records what each turn wrote and what the tool answered, with no token offsets
+    (`show` used to fail on it with KeyError: 'start'), and which activity attempt sampled it."""
     sample = Sample(prompt="What is 37*58?", tokens=[1, 2, 3], label="2146", metadata={})
     replay(sample, [
         _Turn([10, 11, 12, 20, 21], [1, 1, 1, 0, 0], [-0.5, -0.5, -0.5, 0.0, 0.0],
@@ -59,7 +59,7 @@ def test_a_tool_use_sample_shows_each_turns_text_observation_and_finish(tmp_path
                "finish_reason": "stop", "done": False, "status": "completed", "weight_versions": [3]}),
         _Turn([30, 31], [1, 1], [-0.5, -0.5],
               {"text": "Answer: 2146", "observation": "", "finish_reason": "stop", "done": True,
-               "status": "completed", "weight_versions": [3]}),
+               "status": "completed", "weight_versions": [3], "sampled_by": "1#2", "worker": "w2"}),  # a retry's
     ])
     sample.metadata.update(tool_calls=1, resumed_at=0, env="tool_use")
     sample.reward = 1.0 if model_text(sample).endswith("2146") else 0.0
@@ -67,12 +67,16 @@ def test_a_tool_use_sample_shows_each_turns_text_observation_and_finish(tmp_path
     out = shown(tmp_path, [sample])
     assert "── turns (2) ──" in out and "response tokens" not in out
     assert "0: stop\n   [model] <code>print(37*58)</code>\n   [observation] <output>\n   2146\n   </output>" in out
-    assert "1: stop\n   [model] Answer: 2146" in out and "[observation]" not in out.split("1: stop")[1]
+    assert "1: stop, activity 1, attempt 2 (a retry) on worker w2\n   [model] Answer: 2146" in out
+    assert "[observation]" not in out.split("1: stop")[1]
+    assert "sampled by: activity 1, attempt 2 (a retry) on worker w2" in out, "the sample's: its turns' attempts"
 
 
-def test_multi_agent_samples_show_each_roles_turn_slot_score_and_pick(tmp_path):
+def test_multi_agent_samples_show_each_roles_turn_slot_score_pick_and_attempt(tmp_path):
     """multi_agent stores one sample per role's turn (no `turns` list): `metadata` names the
-    role, its slot, the turn of the rollout and its score; the selector's, what it picked."""
+    role, its slot, the turn of the rollout and its score; the selector's, what it picked; and
+    `sampled_by` ("<activity id>#<attempt>") with `worker`, which activity attempt sampled it on
+    which worker: attempt 2 is a role a retry sampled after its first attempt failed."""
     def role_turn(role: str, slot: int, turn: int, score: float, **extra) -> Sample:
         return Sample(prompt=[{"role": "user", "content": f"{role} prompt"}], tokens=[1, 2, 3, 4], response="ANSWER",
                       response_length=2, loss_mask=[1, 1], rollout_log_probs=[-0.5, -0.5], weight_versions=[3],
@@ -80,13 +84,16 @@ def test_multi_agent_samples_show_each_roles_turn_slot_score_and_pick(tmp_path):
                       metadata={"role": role, "slot": slot, "turn": turn, "score": score,
                                 "sampled_by": f"{role}s#1", "weight_version": 3, **extra})
 
-    samples = [role_turn("solver", 0, 0, 0.5), role_turn("solver", 1, 1, 1.0), role_turn("rewriter", 0, 2, 1.0),
+    samples = [role_turn("solver", 0, 0, 0.5), role_turn("solver", 1, 1, 1.0),
+               role_turn("rewriter", 0, 2, 1.0, sampled_by="2#2", worker="rollout-7@host-b"),
                role_turn("selector", 0, 3, 1.0, pick="B", picked_turn=1)]
     multi_agent_task.assign_rewards(samples, correct_weight=1.0, incorrect_weight=0.5)
     out = shown(tmp_path, samples)
-    assert "── role ──\nsolver (slot 1), turn 1 of the rollout, score 1" in out
-    assert "rewriter (slot 0), turn 2 of the rollout, score 1" in out
-    assert "selector (slot 0), turn 3 of the rollout, score 1, picked B (turn 1)" in out
+    assert "role: solver (slot 1), turn 1 of the rollout, score 1" in out
+    assert "role: rewriter (slot 0), turn 2 of the rollout, score 1\n" \
+           "sampled by: activity 2, attempt 2 (a retry) on worker rollout-7@host-b" in out
+    assert "role: selector (slot 0), turn 3 of the rollout, score 1, picked B (turn 1)" in out
+    assert "sampled by: activity solvers, attempt 1\n" in out
     assert "── turns" not in out
 
 

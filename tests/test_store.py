@@ -28,7 +28,7 @@ from sqlalchemy import text
 from vime.errors import ConfigError
 from vime.store import AlreadyTrainedError, MissingSampleError, SampleStore, StoreError
 from vime.store import codec
-from vime.store.migrate import current_revision, head_revision
+from vime.store.migrate import current_revision, head_revision, shipped_head
 from vime.store.models import Base
 from vime.testing.samples import random_rollouts
 from vime.types import Sample, SampleError, SampleRef
@@ -434,6 +434,21 @@ def test_the_migrations_build_exactly_the_models(store: SampleStore) -> None:
         diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), Base.metadata)
         assert diff == []
         assert current_revision(conn) == head_revision()
+
+
+def test_a_store_at_head_opens_without_importing_alembic(tmp_path: Path) -> None:
+    """The migration files' head, read without alembic, is alembic's; a store at it opens with no
+    alembic import (what keeps `vime show` and `vime samples` quick)."""
+    assert shipped_head() == head_revision()
+    with SampleStore.open(str(tmp_path / "run")):
+        pass
+    script = ("import sys; from vime.store import SampleStore\n"
+              f"SampleStore.open({str(tmp_path / 'run')!r}).close()\n"
+              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_opening_again_is_idempotent_and_keeps_data(store_location: str) -> None:

@@ -132,8 +132,15 @@ async def test_a_hanging_rollout_is_an_observation_and_a_crashed_one_resumes_at_
                 "ToolUseGroupWorkflow", GroupInput(run_id, 0, 0, 0, n_samples_per_prompt=2, heartbeat_seconds=30),
                 id=f"{run_id}-group", task_queue=queue, result_type=GroupOutput)
         samples = {rid: store.read_rollout(run_id, rid)[0] for rid in out.rollout_ids}
+    memo = await (await temporal_env.client.get_workflow_handle(f"{run_id}-group").describe()).memo()
 
     assert out.status == "completed" and out.samples == 2 and out.errors == 0 and out.infra == 0
+    # the Web UI's view (the group's memo): each rollout's turns and reward, and the activity
+    # attempts that sampled them: rollout 1's second turn by the retry that followed the crash
+    previews = {p["sample"]: p for p in memo["samples"]}
+    assert [(previews[k]["turns"], previews[k]["reward"]) for k in ("0/0", "1/0")] == [(2, 0.0), (2, 1.0)]
+    assert [a.split("#")[1] for a in previews["1/0"]["sampled_by"].split(",")] == ["1", "2"]
+    assert previews["1/0"]["worker"] == temporal_env.client.identity
     hung, solved = samples["0"], samples["1"]
     # the hanging code: stopped at the time bound, shown to the model, the rollout went on to its answer
     assert hung.status.value == "completed" and hung.reward == 0.0

@@ -123,6 +123,10 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
 }
 
 
+READERS = ("runs", "samples", "show")
+"""The commands that read a store and answer at once: they configure logging when they first log."""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -136,9 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     if command not in COMMANDS:
         print(f"vime: error: unknown command {command!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    from vime.log import configure_logging
+    from vime.log import configure_logging, configure_logging_on_first_log
 
-    if command != "train":  # `vime train` configures it after its checks, which log nothing (see _train)
+    if command in READERS:  # they answer from the store in a second: structlog only if they log
+        configure_logging_on_first_log()
+    elif command != "train":  # `vime train` configures it after its checks, which log nothing (see _train)
         configure_logging()
     try:
         return COMMANDS[command](rest)

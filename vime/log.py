@@ -78,6 +78,18 @@ def configure_logging(fmt: str | None = None, level: str | int | None = None) ->
     _configured = fmt
 
 
+_deferred: tuple[str | None, str | int | None] | None = None
+
+
+def configure_logging_on_first_log(fmt: str | None = None, level: str | int | None = None) -> None:
+    """`configure_logging(fmt, level)` when a vime logger first logs, not now: for the commands
+    that read a store and rarely log (`vime show`, `vime samples`), which answer in half the CPU
+    without structlog's import. Standard-library loggers keep Python's default until then
+    (warnings and errors to stderr)."""
+    global _deferred
+    _deferred = (fmt, level)
+
+
 class _Logger:
     """structlog's logger for `name`, made on first use."""
 
@@ -88,6 +100,9 @@ class _Logger:
     def __getattr__(self, attr: str) -> Any:
         if self._logger is None:
             import structlog
+
+            if _deferred is not None and _configured is None:
+                configure_logging(*_deferred)
 
             self._logger = structlog.get_logger(self._name)
         return getattr(self._logger, attr)

@@ -35,6 +35,8 @@ class Restored:
     chains: dict[str, list[Segment]] = field(default_factory=dict)
     agent_state: dict[str, Any] | None = None
     diff: str = ""
+    attempts: list[str] = field(default_factory=list)  # per stored step: the session attempt that stored it
+    workers: list[str] = field(default_factory=list)  # per stored step: the worker that ran that attempt
 
 
 @dataclass
@@ -69,6 +71,8 @@ class TrajectoryRecorder:
                 offset += n
             restored.agent_state = turn.meta["agent_state"]
             restored.diff = turn.meta["diff"]
+            restored.attempts.append(turn.meta.get("attempt", ""))
+            restored.workers.append(turn.meta.get("worker", ""))
             restored.next_turn = turn.turn + 1
         self._next_turn = restored.next_turn
         self._stored = {
@@ -78,10 +82,11 @@ class TrajectoryRecorder:
         return restored
 
     def save(self, chains: dict[str, list[Segment]], agent_state: dict[str, Any], diff: str,
-             attempt: str = "") -> int:
+             attempt: str = "", worker: str = "") -> int:
         """Store one step: what `chains` gained since the last save, the agent state and the diff
-        (and `attempt`, naming the session attempt that stored it). Returns the stored turn's
-        number. Idempotent per turn number (the first write wins)."""
+        (and `attempt`, naming the session attempt that stored it, "<activity id>#<attempt>", and
+        `worker`, the identity of the worker that ran it). Returns the stored turn's number.
+        Idempotent per turn number (the first write wins)."""
         token_ids: list[int] = []
         loss_mask: list[int] = []
         log_probs: list[float] = []
@@ -101,7 +106,8 @@ class TrajectoryRecorder:
                 })
         turn = self._next_turn
         self.store.append_turn(self.run_id, self.rollout_id, turn, token_ids, loss_mask, log_probs,
-                               {"deltas": deltas, "agent_state": agent_state, "diff": diff, "attempt": attempt})
+                               {"deltas": deltas, "agent_state": agent_state, "diff": diff, "attempt": attempt,
+                                **({"worker": worker} if worker else {})})
         for chain, segments in chains.items():
             for i, seg in enumerate(segments):
                 self._stored[(chain, i)] = _Stored(len(seg.token_ids), len(seg.turns))

@@ -14,15 +14,17 @@ through it.
 What this module offers, by where it runs:
 
 - declaring: `Environment`, `EnvContext`, `EnvWorkers`, `env_flag`; the contract `GroupInput`,
-  `GroupOutput`, `summarize`;
+  `GroupOutput`, `summarize`, `sample_previews` (what the Web UI shows of stored samples);
 - group workflows (`vime.envs.group_workflow`): `fan_out`, `fan_out_children`,
-  `fan_out_activities`, `execute_group_activity`, `finish_group`, `sample_workflow_id`,
+  `fan_out_activities`, `execute_group_activity`, `finish_group`, `finish_rollout` (a
+  per-sample workflow's status, reward and memo), `gathered_previews`, `sample_workflow_id`,
   `rollout_retry_policy`;
 - activities (`vime.envs.rollouts`, `vime.temporal`): `group_activity` (a whole single-turn
   group with the environment's own reward), `prompt_group`, `prompt_sample`, `prompt_file`,
   `group_args`, `sampling_params`, `check_policy`, `store_group`, `store_rollout`, `stored_group`, `TurnLog`
-  (a multi-turn rollout's turns in the store); given the group's input they serve eval rounds too,
-  `run_group`, `heartbeating`, `store_call`, `final_config_errors`;
+  (a multi-turn rollout's turns in the store), `sampled_here` (the attempt and worker sampling a
+  turn); given the group's input they serve eval rounds too, `run_group`, `heartbeating`,
+  `store_call`, `final_config_errors`;
 - sandboxes (`vime.sandbox`): `make_sandbox`, `run_program`, `ProgramResult`.
 
 Those past the first line load when first asked for: the flag parser imports this package, and
@@ -39,15 +41,16 @@ import traceback
 from typing import Any
 
 from vime.envs.base import EnvContext, Environment, EnvWorkers, env_flag
-from vime.envs.contract import GroupInput, GroupOutput, SampleInput, summarize
+from vime.envs.contract import GroupInput, GroupOutput, SampleInput, sample_previews, summarize
 from vime.errors import ConfigError
 from vime.plugins import _import, load_function
 
 _LAZY = {
     **dict.fromkeys(("fan_out", "fan_out_children", "fan_out_activities", "execute_group_activity", "finish_group",
-                     "sample_workflow_id"), "vime.envs.group_workflow"),
+                     "finish_rollout", "gathered_previews", "sample_workflow_id"), "vime.envs.group_workflow"),
     **dict.fromkeys(("group_activity", "prompt_group", "prompt_sample", "prompt_file", "group_args",
-                     "sampling_params", "check_policy", "store_group", "store_rollout", "stored_group", "TurnLog"), "vime.envs.rollouts"),
+                     "sampling_params", "check_policy", "store_group", "store_rollout", "stored_group", "TurnLog", "sampled_here"),
+                    "vime.envs.rollouts"),
     **dict.fromkeys(("rollout_retry_policy", "final_config_errors", "CONFIG_ERROR"), "vime.temporal.retry"),
     "heartbeating": "vime.temporal.heartbeat",
     "store_call": "vime.temporal.store_calls",
@@ -56,7 +59,7 @@ _LAZY = {
 }
 
 __all__ = ["BUILTIN", "ENTRY_POINTS", "EnvContext", "Environment", "EnvWorkers", "GroupInput", "GroupOutput",
-           "env_flag", "load_environment", "registered", "resolve", "summarize", "workflow_classes", *_LAZY]
+           "env_flag", "load_environment", "registered", "resolve", "sample_previews", "summarize", "workflow_classes", *_LAZY]
 
 # vime's own, also declared in pyproject.toml's entry points (a test keeps the two equal): this
 # table is what a checkout used without installing (PYTHONPATH only) still resolves.

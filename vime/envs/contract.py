@@ -7,11 +7,11 @@ Standard library and `vime.types` only: workflows import this module.
 
 from __future__ import annotations
 
-from vime.sample_summary import failure_of, preview as preview_text
+from vime.sample_summary import failure_of, finish_of, preview as preview_text, sample_attempts
 from vime.temporal.group_contract import GroupInput, GroupOutput, SampleInput
 from vime.types import Sample
 
-__all__ = ["GroupInput", "GroupOutput", "SampleInput", "hook_failures", "summarize"]
+__all__ = ["GroupInput", "GroupOutput", "SampleInput", "hook_failures", "sample_previews", "summarize"]
 
 PREVIEW_SAMPLES, PREVIEW_PROMPT_CHARS, PREVIEW_RESPONSE_CHARS = 16, 160, 320
 
@@ -37,7 +37,7 @@ def summarize(position: int, ids: list[str], results: list[list[Sample]], keep: 
                        status="failed" if failed else "completed", samples=len(samples),
                        errors=len(errors), infra=len(infra), first_error=first_error,
                        failed=hook_failures(results), earlier=earlier,
-                       preview=_preview(ids, results) if preview else None)
+                       preview=sample_previews(ids, results) if preview else None)
 
 
 def hook_failures(results: list[list[Sample]]) -> int:
@@ -45,13 +45,28 @@ def hook_failures(results: list[list[Sample]]) -> int:
     return sum(1 for r in results for s in r if (s.metadata or {}).get("hook_failure"))
 
 
-def _preview(ids: list[str], results: list[list[Sample]]) -> list[dict]:
+def sample_previews(ids: list[str], results: list[list[Sample]]) -> list[dict]:
+    """What the Web UI shows of stored rollouts (`ids`, each its samples in order) in their
+    workflow's memo, one entry per sample (the first `PREVIEW_SAMPLES`): its key (`vime show
+    RUN KEY`), reward, status and finish reason, what it is in its rollout (a multi-agent role
+    and turn, a multi-turn sample's number of turns), which activity attempt and worker sampled
+    it (`sampled_by`, see `vime.sample_summary.SAMPLED_BY`), a failure (never a truncation: that
+    is a finish reason) and the start of its prompt and response."""
     shown = [(f"{rid}/{i}", s) for rid, rollout in zip(ids, results) for i, s in enumerate(rollout)]
-    previews = []
-    for key, s in shown[:PREVIEW_SAMPLES]:
-        failure, cause = failure_of(s.status.value, s.metadata or {})
-        previews.append({"sample": key, "reward": s.reward if isinstance(s.reward, int | float) else None,
-                         "status": s.status.value, "prompt": preview_text(s.prompt, PREVIEW_PROMPT_CHARS),
-                         "response": preview_text(s.response, PREVIEW_RESPONSE_CHARS),
-                         **({"failure": f"{failure}: {cause}"[:200]} if failure else {})})
-    return previews
+    return [_preview(key, s) for key, s in shown[:PREVIEW_SAMPLES]]
+
+
+def _preview(key: str, s: Sample) -> dict:
+    meta = s.metadata or {}
+    failure, cause = failure_of(s.status.value, meta)
+    turns = meta.get("turns")
+    sampled_by, worker = sample_attempts(meta)
+    where = {"role": meta.get("role"), "turn": meta.get("turn"),
+             "turns": len(turns) if isinstance(turns, list) else None,
+             "sampled_by": sampled_by or None, "worker": worker or None}
+    return {"sample": key, "reward": s.reward if isinstance(s.reward, int | float) else None,
+            "status": s.status.value, **({"finish": finish} if (finish := finish_of(s.status.value)) else {}),
+            **{k: v for k, v in where.items() if v is not None},
+            "prompt": preview_text(s.prompt, PREVIEW_PROMPT_CHARS),
+            "response": preview_text(s.response, PREVIEW_RESPONSE_CHARS),
+            **({"failure": f"{failure}: {cause}"[:200] if cause else failure} if failure else {})}

@@ -1,6 +1,7 @@
 """What every group workflow does around its environment's own steps: fan out one rollout per
 sample, and finish the group (its final status and reward as search attributes, its preview in
-the memo for the Web UI, the preview taken off what goes back to the training workflow).
+the memo for the Web UI, the preview taken off what goes back to the training workflow). A
+per-sample rollout workflow ends with `finish_rollout`: its own status, reward and preview.
 
     @workflow.defn(name="MyGroupWorkflow")
     class MyGroupWorkflow:
@@ -10,7 +11,10 @@ the memo for the Web UI, the preview taken off what goes back to the training wo
             return finish_group(summarize_mine(inp.position, outs))
 
 A rollout that is one activity (its turns checkpointed in the store) fans out with
-`fan_out_activities`; a group that is one activity runs with `execute_group_activity`.
+`fan_out_activities`; a group that is one activity runs with `execute_group_activity`. A rollout
+workflow's store activity returns its samples' previews (`vime.envs.contract.sample_previews`);
+`finish_rollout` puts them in its memo and hands them on, and the group gathers its rollouts'
+(`gathered_previews`) for its own memo, so the Web UI shows the texts on either workflow.
 
 Workflow code: call these from inside a workflow only. The training workflow starts every group
 with its run, rollout id, policy version and status "running" (`starting_search_attributes`).
@@ -28,7 +32,7 @@ from temporalio.common import TypedSearchAttributes
 from temporalio.exceptions import ApplicationError, ChildWorkflowError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
-    from vime.envs.contract import GroupInput, GroupOutput
+    from vime.envs.contract import PREVIEW_SAMPLES, GroupInput, GroupOutput
     from vime.temporal.retry import CONFIG_ERROR, rollout_retry_policy, root_message
     from vime.temporal.search_attributes import EVAL, POLICY_VERSION, REWARD, ROLLOUT_ID, ROLLOUT_STATUS, RUN_ID
 
@@ -119,7 +123,30 @@ def finish_group(out: GroupOutput, status: str | None = None) -> GroupOutput:
     if out.reward_mean is not None:
         updates.append(REWARD.value_set(out.reward_mean))
     workflow.upsert_search_attributes(updates)
-    if out.preview is not None and workflow.patched(MEMO_PREVIEW_PATCH):
-        workflow.upsert_memo({"samples": out.preview})
+    show_samples(out.preview)
     out.preview = None
     return out
+
+
+def finish_rollout(status: str, reward: float | None, preview: list[dict] | None, *more: Any) -> None:
+    """A per-sample rollout workflow's end: its status and reward (`Reward`: the rollout's, the
+    mean over its samples for a fan-out) and `more` search attribute updates, then its samples'
+    preview in its memo. The preview stays in its output: the group gathers it."""
+    updates = [ROLLOUT_STATUS.value_set(status), *more]
+    if reward is not None:
+        updates.append(REWARD.value_set(reward))
+    workflow.upsert_search_attributes(updates)
+    show_samples(preview)
+
+
+def show_samples(preview: list[dict] | None) -> None:
+    """The samples' previews in this workflow's memo (`samples`), where the Web UI shows them;
+    nothing for None. A workflow recorded before previews replays without the memo."""
+    if preview is not None and workflow.patched(MEMO_PREVIEW_PATCH):
+        workflow.upsert_memo({"samples": preview[:PREVIEW_SAMPLES]})
+
+
+def gathered_previews(outs: list[Any]) -> list[dict] | None:
+    """The previews a group's rollouts returned (`preview` of each output), in order; None for none."""
+    found = [p for o in outs for p in (getattr(o, "preview", None) or [])]
+    return found[:PREVIEW_SAMPLES] or None

@@ -39,6 +39,7 @@ from vime.envs.contract import GroupInput, GroupOutput, SampleInput, summarize
 from vime.rollout.data_source import make_data_source
 from vime.rollout.eval_data import eval_prompt_group, eval_rollout_id, eval_set_args, eval_sets
 from vime.rollout.policy_check import check_on_policy, check_one_version
+from vime.sample_summary import sampled_by
 from vime.temporal.heartbeat import heartbeating
 from vime.temporal.retry import final_config_errors
 from vime.temporal.store_calls import store_call
@@ -208,6 +209,21 @@ async def prompt_sample(args: Any, where: int | GroupInput | SampleInput, index:
     return sample
 
 
+def sampled_here() -> dict[str, str]:
+    """Which activity attempt (`sampled_by`, "<activity id>#<attempt>") and which worker (its
+    Temporal identity) are sampling now, for a turn's metadata: how `vime show` and the Web UI
+    tell a turn a retry sampled after a crash. {} outside an activity."""
+    try:
+        info = activity.info()
+    except RuntimeError:
+        return {}
+    try:
+        worker = activity.client().identity
+    except RuntimeError:  # a local activity, or an activity run by hand in a test
+        worker = ""
+    return {"sampled_by": sampled_by(info.activity_id, info.attempt), **({"worker": worker} if worker else {})}
+
+
 class TurnLog:
     """A multi-turn rollout's turns in the store (`SampleStore.append_turn`: once each, in order):
     `read()` what earlier attempts finished, `append()` one more. Both run in a store thread, so
@@ -215,7 +231,8 @@ class TurnLog:
 
     Given the rollout's input (`inp`, a `GroupInput` or `SampleInput`), a turn whose `meta` holds
     the `weight_versions` vLLM reported is checked before it is stored (`check_policy`): a turn
-    from the wrong weights raises `StalePolicyError`, so the retry samples that turn again."""
+    from the wrong weights raises `StalePolicyError`, so the retry samples that turn again. Each
+    turn's `meta` records the activity attempt and worker that sampled it (`sampled_here`)."""
 
     def __init__(self, store: Any, run_id: str, rollout_id: str, inp: GroupInput | SampleInput | None = None) -> None:
         self.store, self.run_id, self.rollout_id, self.inp = store, run_id, rollout_id, inp
@@ -229,4 +246,4 @@ class TurnLog:
             check_policy([Sample(weight_versions=list(meta["weight_versions"]))], self.inp,
                          f"turn {turn} of rollout {self.rollout_id}")
         await store_call(self.store.append_turn, self.run_id, self.rollout_id, turn, token_ids, loss_mask,
-                         log_probs, meta)
+                         log_probs, {**sampled_here(), **meta})

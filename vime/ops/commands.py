@@ -83,15 +83,16 @@ def runs_main(argv: list[str]) -> int:
 def samples_main(argv: list[str]) -> int:
     parser = run_parser("vime samples", "A run's stored samples, in the order they were written: train step, "
                         "reward, status, policy version, length, failure and a preview of the response.")
-    parser.add_argument("--step", type=int, help="only the samples train step STEP consumed (with --eval: the eval "
-                        "round at step STEP)")
+    parser.add_argument("--step", type=int, help="only the samples train step STEP consumed, steps counted from 1 as "
+                        "the console counts them (with --eval: the eval round at step STEP, after STEP steps)")
     parser.add_argument("--eval", action="store_true", help="the eval samples instead of the training samples "
                         "(STEP: their round)")
     parser.add_argument("--dataset", help="only the eval samples of this eval set (implies --eval)")
     parser.add_argument("--status", choices=["completed", "truncated", "aborted", "failed", "pending"])
     parser.add_argument("--rollout", help="only this rollout's samples")
     parser.add_argument("--untrained", action="store_true", help="only samples no step has trained on")
-    parser.add_argument("--failed", action="store_true", help="only failed or aborted samples")
+    parser.add_argument("--failed", action="store_true", help="only failed or aborted samples (a truncated sample "
+                        "finished: it hit the length limit)")
     parser.add_argument("--where", help="an SQL condition on the samples table, e.g. \"reward > 0.5 AND "
                         "response_length < 8\"")
     parser.add_argument("--limit", type=int, default=20, help="at most this many (default 20; 0 for all)")

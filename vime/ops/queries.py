@@ -13,6 +13,7 @@ from sqlalchemy import and_, case, distinct, func, select, text
 from sqlalchemy.exc import DBAPIError
 
 from vime.errors import ConfigError
+from vime.ops.steps import step_index, step_number
 from vime.sample_summary import failure_of, preview, versions_text
 from vime.store import SampleStore
 from vime.store.models import RunRow, SampleRow
@@ -47,7 +48,7 @@ class RunSummary:
 class SampleLine:
     key: str
     rollout_id: str
-    step: int | None  # the train step that consumed it (None while untrained); an eval sample's round
+    step: int | None  # the train step that consumed it, from 1 (None while untrained); an eval sample's round
     reward: float | dict | None
     status: str
     version: str  # the policy version(s) that sampled its response
@@ -102,8 +103,8 @@ def sample_lines(store: SampleStore, run_id: str, f: SampleFilter) -> tuple[list
     step_column = SampleRow.eval_step if evaluation else SampleRow.trained_step
     conditions = [SampleRow.run_id == run_id,
                   SampleRow.eval_step.is_not(None) if evaluation else SampleRow.eval_step.is_(None)]
-    if f.step is not None:
-        conditions.append(step_column == f.step)
+    if f.step is not None:  # steps from 1 (`vime.ops.steps`); a round at step N is after N steps
+        conditions.append(step_column == (f.step if evaluation else step_index(f.step)))
     if f.dataset is not None:
         conditions.append(SampleRow.sample_metadata["eval_set"].as_string() == f.dataset)
     if f.status:
@@ -131,7 +132,7 @@ def sample_lines(store: SampleStore, run_id: str, f: SampleFilter) -> tuple[list
                           f"{', '.join(c.name for c in SampleRow.__table__.columns)}") from None
     if f.dataset is not None and not total:
         _check_eval_set(store, run_id, f.dataset)
-    return [_line(r) for r in rows], total
+    return [_line(r, evaluation) for r in rows], total
 
 
 def _check_eval_set(store: SampleStore, run_id: str, name: str) -> None:
@@ -146,10 +147,10 @@ def _check_eval_set(store: SampleStore, run_id: str, name: str) -> None:
                           f"{', '.join(names) or 'none (no eval sample stored)'}")
 
 
-def _line(r) -> SampleLine:
+def _line(r, evaluation: bool) -> SampleLine:
     meta = r.metadata or {}
     failure, cause = failure_of(r.status, meta)
-    return SampleLine(key=r.key, rollout_id=r.rollout_id, step=r.step,
+    return SampleLine(key=r.key, rollout_id=r.rollout_id, step=r.step if evaluation else step_number(r.step),
                       reward=r.reward if r.reward is not None else r.reward_json, status=r.status,
                       version=versions_text(r.weight_versions), length=r.response_length, failure=failure,
                       cause=cause, preview=preview(r.response))

@@ -5,7 +5,8 @@ pass@k beside it, KL, entropy, response length,
 clip fraction, grad norm, staleness, seconds per phase, tokens/s, infra failures), the reward
 distribution of every trained step, the failure classes, and the longest and the lowest-reward
 rollouts, read from the store. The plots are inline SVG: no script, no network, no plotting
-library, so the file opens anywhere and can be mailed as it is.
+library, so the file opens anywhere and can be mailed as it is. Steps are numbered from 1 in
+the plots and the tables alike (`vime.ops.steps`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from sqlalchemy import select
 
 from vime.rollout.eval_metrics import failures_by_class, round_sets
+from vime.ops.steps import step_number
 from vime.sample_summary import failure_of, preview
 from vime.store import SampleStore
 from vime.store.models import RunRow, SampleRow
@@ -72,7 +74,7 @@ def collect(store: SampleStore, run_id: str, metrics: list[dict[str, Any]], top:
         data.failures[failure or "none"] += 1
         if r.trained_step is not None and r.reward is not None:
             data.rewards_by_step.setdefault(r.trained_step, []).append(r.reward)
-        lines.append({"key": r.key, "step": r.trained_step, "reward": r.reward, "length": r.response_length,
+        lines.append({"key": r.key, "step": step_number(r.trained_step), "reward": r.reward, "length": r.response_length,
                       "failure": failure, "cause": cause, "preview": preview(r.response, 80)})
     data.longest = sorted(lines, key=lambda s: -s["length"])[:top]
     data.lowest = sorted((s for s in lines if s["reward"] is not None), key=lambda s: s["reward"])[:top]
@@ -81,12 +83,12 @@ def collect(store: SampleStore, run_id: str, metrics: list[dict[str, Any]], top:
 
 def eval_curves(metrics: list[dict]) -> str:
     """The eval rounds' mean reward (and top pass@k) per set beside the train reward, against steps
-    trained: a step's train reward at its end (step + 1), the round at step k (the policy after k
+    trained: step N's train reward at N (`step_number`), the round at step k (the policy after k
     steps) at k. Empty when the run has no eval round."""
     sets = sorted({k.split("/")[1] for m in metrics for k in m if k.startswith("eval/") and k.endswith("/reward_mean")})
     if not sets:
         return ""
-    series = [("train reward", [(m["step"] + 1, float(m["reward_mean"])) for m in metrics
+    series = [("train reward", [(step_number(m["step"]), float(m["reward_mean"])) for m in metrics
                                 if not m.get("eval_only") and isinstance(m.get("reward_mean"), int | float)])]
     for name in sets:
         series.append((f"eval {name}", [(m["step"], float(m[f"eval/{name}/reward_mean"])) for m in metrics
@@ -204,7 +206,7 @@ def svg_chart(title: str, series: list[tuple[str, list[tuple[float, float]]]], *
 def _metric_chart(title: str, keys: list[tuple[str, str]], metrics: list[dict]) -> str:
     series = []
     for key, legend in keys:
-        points = [(m["step"] + 1, float(m[key])) for m in metrics if isinstance(m.get(key), int | float)]
+        points = [(step_number(m["step"]), float(m[key])) for m in metrics if isinstance(m.get(key), int | float)]
         if points:
             series.append((legend, points))
     return svg_chart(title, series) if series else ""
@@ -213,7 +215,7 @@ def _metric_chart(title: str, keys: list[tuple[str, str]], metrics: list[dict]) 
 def _reward_distribution(rewards_by_step: dict[int, list[float]]) -> str:
     if not rewards_by_step:
         return "<p>No trained samples with a numeric reward.</p>"
-    boxes = [(step + 1, values) for step, values in sorted(rewards_by_step.items())]
+    boxes = [(step_number(step), values) for step, values in sorted(rewards_by_step.items())]
     means = [(x, statistics.fmean(values)) for x, values in boxes]
     return svg_chart("Reward per step: quartiles, median (red), mean (line)", [("mean", means)], width=860,
                      height=260, boxes=boxes)

@@ -28,6 +28,7 @@ from temporalio.service import RPCError
 from vime.errors import ConfigError, ServiceError
 from vime.ops.commands import run_parser, table
 from vime.ops.locate import open_existing, run_dir_of, store_for
+from vime.ops.steps import step_number
 from vime.plugins import load_function
 from vime.rundir import RunDirLock
 from vime.store import SampleStore
@@ -81,9 +82,9 @@ def rescore_main(argv: list[str]) -> int:
         scored, steps = store.rescore_summary(args.run, scorer)
     if args.json:
         print(json.dumps({"scorer": scorer, "samples": out.samples, "written": out.written, "scored": scored,
-                          "steps": [s.__dict__ for s in steps]}, indent=1))
+                          "steps": [{**s.__dict__, "step": step_number(s.step)} for s in steps]}, indent=1))
         return 0
-    print(table([[s.step, s.samples, s.old_mean, s.new_mean] for s in steps],
+    print(table([[step_number(s.step), s.samples, s.old_mean, s.new_mean] for s in steps],
                 ["STEP", "SAMPLES", "OLD MEAN", "NEW MEAN"]))
     print(f"rescored {out.samples} samples with {args.custom_rm_path} (scorer {scorer}): {out.written} new rewards "
           f"stored beside the old" + ("; this code had scored them all before: nothing changed" if not out.written

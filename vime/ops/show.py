@@ -1,9 +1,16 @@
 """`vime show RUN KEY`: one rollout as a person reads it, from the store alone.
 
 The prompt and response text, the response's tokens coloured by loss mask (trained in green,
-masked in grey) with their logprobs, the policy version(s) that sampled them, an agent's turns,
-its diff and grading, and why the rollout failed when it did. KEY is a rollout id (every sibling)
-or `rollout/sibling` (one sample), as `vime samples` lists them.
+masked in grey) with their logprobs, the policy version(s) that sampled them, a multi-agent
+sample's role and turn, each turn and which activity attempt and worker sampled it (`sampled_by`:
+a rollout resumed after a crash shows attempt 2), an agent's diff and grading, and why the
+rollout failed when it did. KEY is a rollout id (every sibling) or `rollout/sibling` (one sample),
+as `vime samples` lists them. Steps are numbered from 1, as everywhere people read them
+(`vime.ops.steps`).
+
+It answers in a second or two on a loaded machine: nothing here imports torch, transformers or
+vLLM (the token texts come from the checkpoint's `tokenizer.json` through `tokenizers`), and a
+test holds it to that.
 """
 
 from __future__ import annotations
@@ -11,19 +18,22 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import select
 
 from vime.errors import ConfigError
-from vime.sample_summary import failure_of, versions_text
+from vime.ops.steps import step_number, step_text
+from vime.sample_summary import attempts_text, failure_of, finish_of, sample_attempts, versions_text
 from vime.store import MissingSampleError, SampleStore
 from vime.store.models import RunRow, SampleRow
 from vime.types import Sample
 
 GREEN, GREY, BOLD, RESET = "\033[32m", "\033[90m", "\033[1m", "\033[0m"
 # A turn's keys `_turn_lines` prints itself (a turn's weight versions are in the sample's own).
-_TURN_KEYS_SHOWN = {"start", "end", "finish_reason", "finish", "text", "observation", "weight_versions"}
+_TURN_KEYS_SHOWN = {"start", "end", "finish_reason", "finish", "text", "observation", "weight_versions", "sampled_by",
+                    "worker"}
 
 
 @dataclass
@@ -35,9 +45,12 @@ class ShownSample:
     def to_dict(self, tokens: list[str] | None) -> dict[str, Any]:
         s = self.sample
         failure, cause = failure_of(s.status.value, s.metadata or {})
+        sampled_by, worker = sample_attempts(s.metadata or {})
         response_ids = s.response_tokens
         return {"key": self.key, "rollout_id": str(s.rollout_id), "status": s.status.value, "reward": s.reward,
-                "trained_step": self.step, "weight_versions": s.weight_versions, "failure": failure, "cause": cause,
+                "trained_step": self.step, "step": step_number(self.step),  # the store's index; the step from 1
+                "weight_versions": s.weight_versions, "failure": failure, "cause": cause,
+                "finish": finish_of(s.status.value), "sampled_by": sampled_by, "worker": worker,
                 "prompt": s.prompt, "response": s.response, "label": s.label,
                 "response_tokens": [{"id": t, "text": tokens[i] if tokens else None,
                                      "loss_mask": s.loss_mask[i] if s.loss_mask else None,
@@ -64,33 +77,40 @@ def load(store: SampleStore, run_id: str, key: str) -> list[ShownSample]:
 
 
 def run_tokenizer(store: SampleStore, run_id: str):
-    """The run's tokenizer (its --hf-checkpoint), to print each token's text; None if it is gone."""
+    """The run's tokenizer (its --hf-checkpoint's `tokenizer.json`, read by `tokenizers`: no torch
+    or transformers import), to print each token's text; None if it is gone or has none."""
     with store.engine.connect() as conn:
         config = conn.execute(select(RunRow.config).where(RunRow.run_id == run_id)).scalar_one_or_none() or {}
     path = config.get("hf_checkpoint")
-    if not path:
+    if not path or not (Path(path) / "tokenizer.json").is_file():
         return None
     try:
-        from transformers import AutoTokenizer
+        from tokenizers import Tokenizer
 
-        return AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception:  # noqa: BLE001 - a moved or deleted model: show token ids instead
+        return Tokenizer.from_file(str(Path(path) / "tokenizer.json"))
+    except Exception:  # noqa: BLE001 - an unreadable file: show token ids instead
         return None
 
 
 def token_texts(tokenizer, ids: list[int]) -> list[str] | None:
     if tokenizer is None:
         return None
-    return [tokenizer.decode([t]) for t in ids]
+    return [tokenizer.decode([t], skip_special_tokens=False) for t in ids]
 
 
 def render(shown: ShownSample, tokens: list[str] | None, *, color: bool, token_table: bool) -> str:
     s = shown.sample
     c = (lambda code, text: f"{code}{text}{RESET}") if color else (lambda code, text: text)
-    failure, cause = failure_of(s.status.value, s.metadata or {})
-    trained = f"trained at step {shown.step}" if shown.step is not None else "not trained"
-    lines = [c(BOLD, f"{shown.key}") + f"  {s.status.value}, reward {_reward(s.reward)}, {trained}, "
+    meta = s.metadata or {}
+    failure, cause = failure_of(s.status.value, meta)
+    trained = f"trained at {step_text(shown.step)}" if shown.step is not None else "not trained"
+    finish = " (hit the length limit)" if finish_of(s.status.value) == "length" else ""
+    lines = [c(BOLD, f"{shown.key}") + f"  {s.status.value}{finish}, reward {_reward(s.reward)}, {trained}, "
              f"policy version {versions_text(s.weight_versions)}"]
+    if meta.get("role"):
+        lines.append(c(BOLD, "role: ") + _role_text(meta))
+    if sampled := attempts_text(*sample_attempts(meta)):
+        lines.append(c(BOLD, "sampled by: ") + sampled)
     if failure:
         lines.append(c(BOLD, "failure: ") + failure + (f": {cause}" if cause else ""))
     lines += ["", c(BOLD, "── prompt ──"), _prompt_text(s.prompt)]
@@ -113,9 +133,6 @@ def render(shown: ShownSample, tokens: list[str] | None, *, color: bool, token_t
     if len(spans) > 1:
         lines += ["", c(BOLD, "── weight versions ──")]
         lines += [f"tokens {v.get('start')}-{v.get('end')}: version {v.get('version')}" for v in spans]
-    meta = s.metadata or {}
-    if meta.get("role"):
-        lines += ["", c(BOLD, "── role ──"), _role_text(meta)]
     if meta.get("turns"):
         turns = meta["turns"] if isinstance(meta["turns"], list) else [meta["turns"]]
         lines += ["", c(BOLD, f"── turns ({len(turns)}) ──")]
@@ -146,6 +163,8 @@ def _turn_lines(turns: list, prompt_length: int) -> list[str]:
         finish = turn.get("finish_reason", turn.get("finish"))
         if finish is not None:
             head.append(str(finish))
+        if sampled := attempts_text(turn.get("sampled_by"), turn.get("worker")):
+            head.append(sampled)
         lines.append(f"{i}: {', '.join(head) or 'turn'}")
         for key, label in (("text", "model"), ("observation", "observation")):
             if turn.get(key):
@@ -157,7 +176,8 @@ def _turn_lines(turns: list, prompt_length: int) -> list[str]:
 
 
 def _role_text(meta: dict) -> str:
-    """A multi-agent role's turn: one sample per turn, tagged with its role, slot and score."""
+    """A multi-agent role's turn: one sample per turn, tagged with its role, slot and score (the
+    attempt that sampled it is the `sampled by` line)."""
     text = f"{meta['role']}" + (f" (slot {meta['slot']})" if meta.get("slot") is not None else "")
     if meta.get("turn") is not None:
         text += f", turn {meta['turn']} of the rollout"

@@ -26,8 +26,8 @@ from vime.temporal.heartbeat import heartbeating
 from vime.envs.coding_agent.sandbox_activities import attach
 from vime.temporal.store_calls import store_call
 from vime.envs.base import EnvContext, EnvWorkers
-from vime.envs.contract import SampleInput
-from vime.envs.rollouts import check_policy, group_args, prompt_file, prompt_group, store_rollout
+from vime.envs.contract import SampleInput, sample_previews
+from vime.envs.rollouts import check_policy, group_args, prompt_file, prompt_group, sampled_here, store_rollout
 from vime.envs.coding_agent.config import shared_adapter
 from vime.envs.coding_agent.task import coding_task
 from vime.agent.fanout import trajectory_to_samples
@@ -54,6 +54,14 @@ def _failure_class(inp: StoreInput) -> str:
     if inp.infra_failure:
         return inp.outcome or "infra:unknown"
     return f"task:{inp.outcome}" if inp.outcome in ("patch_failed", "timeout") else "none"
+
+
+def _sampled_by(attempts: list[str], workers: list[str]) -> dict[str, str]:
+    """The session attempts that stored the rollout's steps and their workers, each once, in
+    order (`sampled_by` "5#1,5#2": attempt 2 resumed the session after a crash)."""
+    found = {"sampled_by": ",".join(dict.fromkeys(a for a in attempts if a)),
+             "worker": ",".join(dict.fromkeys(w for w in workers if w))}
+    return {k: v for k, v in found.items() if v}
 
 
 class CodingAgentActivities:
@@ -94,9 +102,9 @@ class CodingAgentActivities:
             # a step sampled by the wrong weights is not stored: the retried session samples it again
             check_policy([Sample(weight_versions=[v for t in seg.turns for v in t.weight_versions])
                           for segs in chains.values() for seg in segs], inp, f"rollout {inp.task.rollout_id}")
-            info = activity.info()
+            here = sampled_here()
             turn = await store_call(recorder.save, chains, agent_state, await capture_diff(sbx),
-                                    attempt=f"{info.activity_id}#{info.attempt}")
+                                    attempt=here.get("sampled_by", ""), worker=here.get("worker", ""))
             activity.heartbeat(turn)
 
         async with heartbeating():
@@ -109,7 +117,8 @@ class CodingAgentActivities:
     @activity.defn(name="store_agent_rollout")
     async def store_agent_rollout(self, inp: StoreInput) -> AgentRolloutOutput:
         task, args = inp.task, await self.ctx.run_args(inp.run_id)
-        chains = (await store_call(TrajectoryRecorder(self.store, inp.run_id, task.rollout_id).load)).chains
+        restored = await store_call(TrajectoryRecorder(self.store, inp.run_id, task.rollout_id).load)
+        chains = restored.chains
         where = SampleInput(inp.run_id, inp.step, task.group_index, 0, inp.weight_version, evaluation=inp.evaluation,
                             eval_set=inp.eval_set)
         base = next((s for s in await prompt_group(args, where) if s.index == task.index), None)
@@ -119,6 +128,7 @@ class CodingAgentActivities:
                          "diff": inp.diff, "diff_id": inp.diff_id, "grade": {"outcome": inp.outcome, "reason": inp.reason}}
         if inp.infra_failure:
             base.metadata["infra_failure"] = inp.infra_failure
+        base.metadata.update(_sampled_by(restored.attempts, restored.workers))
         tokenizer = get_tokenizer(args.hf_checkpoint)
         samples = trajectory_to_samples(chains, rollout_id=task.rollout_id,
                                         reward=None if inp.infra_failure else inp.reward, base=base, tokenizer=tokenizer)
@@ -133,7 +143,8 @@ class CodingAgentActivities:
         log.info("agent.rollout.stored", rollout_id=task.rollout_id, samples=len(refs), reward=inp.reward,
                  outcome=inp.outcome, infra_failure=inp.infra_failure)
         return AgentRolloutOutput(ref, None if inp.infra_failure else inp.reward, status, _failure_class(inp),
-                                  inp.outcome, inp.diff_id)
+                                  inp.outcome, inp.diff_id,
+                                  preview=sample_previews([task.rollout_id], [samples]) if samples else None)
 
     def on_rollout_queue(self) -> list:
         return [self.agent_task, self.store_agent_rollout]

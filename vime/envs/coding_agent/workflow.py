@@ -23,7 +23,7 @@ Failures are data: a diff that does not apply is a typed, non-retryable task out
 0); a sandbox or engine that stays broken after its retries is an infra failure, recorded with
 its cause in `FailureClass` and kept out of advantage statistics. Search attributes: run,
 rollout id, status, reward, policy version, failure class; the memo holds the trajectory id
-(where the store keeps its turns) and the diff id.
+(where the store keeps its turns), the diff id and its samples' previews (`samples`).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError,
 
 with workflow.unsafe.imports_passed_through():
     from vime.envs.contract import GroupInput, GroupOutput, SampleInput
-    from vime.envs.group_workflow import fan_out_children, finish_group, sample_workflow_id
-    from vime.temporal.search_attributes import (FAILURE_CLASS, POLICY_VERSION, REWARD, ROLLOUT_ID,
-                                                 ROLLOUT_STATUS, RUN_ID)
+    from vime.envs.group_workflow import (fan_out_children, finish_group, finish_rollout, gathered_previews,
+                                          sample_workflow_id)
+    from vime.temporal.search_attributes import FAILURE_CLASS, POLICY_VERSION, ROLLOUT_ID, ROLLOUT_STATUS, RUN_ID
     from vime.types import RolloutRef
     from vime.temporal.error_types import root_message
 
@@ -165,6 +165,7 @@ class AgentRolloutOutput:
     diff_id: str = ""
     turns: int = 0
     phases: list[str] = field(default_factory=list)
+    preview: list[dict] | None = None  # what the Web UI shows of its samples (turns, reward, texts)
 
 
 agent_workflow_id = sample_workflow_id
@@ -274,10 +275,7 @@ class CodingAgentRolloutWorkflow:
             STORE_AGENT_ROLLOUT, store, result_type=AgentRolloutOutput,
             start_to_close_timeout=timedelta(minutes=5), retry_policy=_retry(10))
         out.turns, out.phases = turns, list(self.phases)
-        updates = [ROLLOUT_STATUS.value_set(out.status), FAILURE_CLASS.value_set(out.failure_class)]
-        if out.reward is not None:
-            updates.append(REWARD.value_set(out.reward))
-        workflow.upsert_search_attributes(updates)
+        finish_rollout(out.status, out.reward, out.preview, FAILURE_CLASS.value_set(out.failure_class))
         self.phase = "done"
         return out
 
@@ -394,5 +392,6 @@ def summarize_agent_group(position: int, outs: list[AgentRolloutOutput]) -> Grou
     return GroupOutput(position, [o.rollout.rollout_id for o in stored], keep=bool(rewards),
                        reward_mean=sum(rewards) / len(rewards) if rewards else None,
                        status="completed" if rewards else "failed",
-                       samples=sum(len(o.rollout.samples) for o in stored), infra=infra)
+                       samples=sum(len(o.rollout.samples) for o in stored), infra=infra,
+                       preview=gathered_previews(stored))
 

@@ -4,7 +4,8 @@ A role activity checkpoints what it sampled in the store's turn table before it 
 it is idempotent on the rollout: a retry finds the role's turns stored and returns them
 without sampling (the solvers, sampled concurrently and stored in order, keep those stored
 before a crash and sample only the rest). Every turn's `meta` records which activity attempt
-sampled it (`sampled_by`): a role is never sampled twice into the store.
+and worker sampled it (`sampled_by`, `worker`: `vime.envs.sampled_here`): a role is never
+sampled twice into the store, and `vime show` tells a role a retry sampled.
 
 Every store call runs in a thread (`store_call`): a write waiting for SQLite's lock must not stop
 the worker's event loop, which sends the heartbeats.
@@ -22,7 +23,7 @@ from typing import Any
 from temporalio import activity
 
 from vime.envs import (EnvContext, EnvWorkers, check_policy, final_config_errors, group_args, heartbeating,
-                       prompt_group, sampling_params, store_call, store_rollout)
+                       prompt_group, sample_previews, sampled_here, sampling_params, store_call, store_rollout)
 from vime.envs.multi_agent import roles, task
 from vime.envs.multi_agent.flags import multi_agent_flags
 from vime.envs.multi_agent.workflow import (REWRITER, SELECTOR, SOLVERS, STORE, MultiAgentRolloutInput,
@@ -74,9 +75,9 @@ class MultiAgentActivities:
         """The role's turns, checked against the rollout's policy version first (a turn from the
         wrong weights is not stored: the retried role samples it again)."""
         check_policy(samples, inp, f"rollout {base.rollout_id}")
-        info = activity.info()
+        here = sampled_here()
         for s in sorted(samples, key=lambda s: s.metadata["turn"]):
-            s.metadata["sampled_by"] = f"{info.activity_id}#{info.attempt}"
+            s.metadata.update(here)
             await store_call(self.store.append_turn, inp.run_id, base.rollout_id, **turn_record(s))
 
     def _output(self, role: str, base: Sample, samples: list[Sample]) -> RoleOutput:
@@ -137,7 +138,7 @@ class MultiAgentActivities:
         refs = await store_rollout(self.store, inp, rollout_id, samples)
         return MultiAgentRolloutOutput(RolloutRef(inp.run_id, rollout_id, refs, inp.weight_version),
                                        sum(s.reward for s in samples) / len(samples), correct,
-                                       [s.metadata["role"] for s in samples])
+                                       [s.metadata["role"] for s in samples], sample_previews([rollout_id], [samples]))
 
     def all(self) -> list:
         return [self.solvers, self.rewriter, self.selector, self.store_rollout]

@@ -24,9 +24,9 @@ from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from vime.envs import GroupInput, GroupOutput, SampleInput
-    from vime.envs.group_workflow import fan_out_children, finish_group
+    from vime.envs.group_workflow import fan_out_children, finish_group, finish_rollout, gathered_previews
     from vime.temporal.retry import rollout_retry_policy
-    from vime.temporal.search_attributes import POLICY_VERSION, REWARD, ROLLOUT_ID, ROLLOUT_STATUS, RUN_ID
+    from vime.temporal.search_attributes import POLICY_VERSION, ROLLOUT_ID, ROLLOUT_STATUS, RUN_ID
     from vime.types import RolloutRef
 
 SOLVERS = "multi_agent_solvers"
@@ -60,7 +60,7 @@ class MultiAgentRolloutOutput:
     reward_mean: float | None = None  # the mean of its samples' rewards
     correct: bool = False  # the selector picked a correct candidate
     roles: list[str] = field(default_factory=list)  # the role of each stored sample, in order
-
+    preview: list[dict] | None = None  # what the Web UI shows of its samples (role, turn, reward, texts)
 
 
 @workflow.defn(name="MultiAgentRolloutWorkflow")
@@ -86,10 +86,7 @@ class MultiAgentRolloutWorkflow:
         out = await workflow.execute_activity(
             STORE, inp, result_type=MultiAgentRolloutOutput, start_to_close_timeout=timedelta(minutes=5),
             retry_policy=rollout_retry_policy())
-        updates = [ROLLOUT_STATUS.value_set("completed")]
-        if out.reward_mean is not None:
-            updates.append(REWARD.value_set(out.reward_mean))
-        workflow.upsert_search_attributes(updates)
+        finish_rollout("completed", out.reward_mean, out.preview)  # each role's turn in the memo
         return out
 
     async def _role(self, role: str, inp: MultiAgentRolloutInput) -> RoleOutput:
@@ -117,5 +114,5 @@ def summarize_group(position: int, outs: list[MultiAgentRolloutOutput]) -> Group
     rewards = [o.reward_mean for o in outs if o.reward_mean is not None]
     return GroupOutput(position, [o.rollout.rollout_id for o in outs],
                        reward_mean=sum(rewards) / len(rewards) if rewards else None,
-                       samples=sum(len(o.rollout.samples) for o in outs))
+                       samples=sum(len(o.rollout.samples) for o in outs), preview=gathered_previews(outs))
 

@@ -44,7 +44,8 @@ def replay(sample: Sample, turns: list) -> bool:
                                       text=t.meta["text"] + t.meta.get("observation", ""))
         sample.weight_versions.extend(t.meta.get("weight_versions", []))
         sample.metadata.setdefault("turns", []).append(
-            {"text": t.meta["text"], "observation": t.meta.get("observation"), "finish": t.meta["finish_reason"]})
+            {"text": t.meta["text"], "observation": t.meta.get("observation"), "finish": t.meta["finish_reason"],
+             **{k: t.meta[k] for k in ("sampled_by", "worker") if t.meta.get(k)}})  # who sampled it (TurnLog)
         sample.status = Sample.Status(t.meta["status"])
     return bool(turns) and bool(turns[-1].meta["done"])
 
