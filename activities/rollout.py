@@ -30,7 +30,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from vime.temporal.retry import final_config_errors
-from vime.temporal.heartbeat import heartbeating
+from vime.temporal.heartbeat import heartbeating, heartbeats_throughout
 from activities.eval import EvalActivities
 from activities.hook_notices import watch_hooks
 from vime.temporal.store_calls import store_call
@@ -98,6 +98,7 @@ class RolloutActivities:
 
     @activity.defn(name="generate_group")
     @final_config_errors
+    @heartbeats_throughout
     async def generate_group(self, inp: RolloutInput) -> RolloutOutput:
         if inp.evaluation:  # an eval prompt's group: stored as the round's, never trained
             return await self.evals.evaluate_group(inp)
@@ -126,6 +127,7 @@ class RolloutActivities:
 
     @activity.defn(name="generate_rollout_step")
     @final_config_errors
+    @heartbeats_throughout
     async def generate_rollout_step(self, inp: RolloutStepInput) -> RolloutStepOutput:
         """A whole step by `--rollout-function-path generate_rollout(args, rollout_id, data_source)`.
 

@@ -85,6 +85,7 @@ class MultiAgentRolloutWorkflow:
         self.phases.append("store")
         out = await workflow.execute_activity(
             STORE, inp, result_type=MultiAgentRolloutOutput, start_to_close_timeout=timedelta(minutes=5),
+            heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds),  # a lost start: found in seconds
             retry_policy=rollout_retry_policy())
         updates = [ROLLOUT_STATUS.value_set("completed")]
         if out.reward_mean is not None:
