@@ -176,3 +176,27 @@ def test_the_eval_cost_benchmark_prints_both_runs_steps_per_minute_and_their_rat
     assert [line.split(":")[0].strip() for line in lines if "steps/min (" in line] == ["no eval", "eval"], lines
     assert "4 round(s)" in next(line for line in lines if line.strip().startswith("eval:"))  # 0, 1, 2 and after 3
     assert any(re.search(r"training runs at \d+\.\d\dx the steps/min of the run without", line) for line in lines)
+
+
+BURST = [sys.executable, "bench/activity_burst.py", "--bursts", "8", "24", "--work", "0.2"]
+
+
+def test_the_activity_burst_benchmark_starts_every_activity_without_a_stall():
+    """Small bursts on the file-backed dev server, the rollout activities' own bounds: every
+    activity runs, none is found late (the full 64 and 256: docs/performance.md)."""
+    result = subprocess.run([*BURST, "--fan-out", "8"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    bursts = [line for line in result.stdout.splitlines() if line.startswith("burst")]
+    assert [line.split(":")[0].split() for line in bursts] == [["burst", "8"], ["burst", "24"]], result.stdout
+    assert all("stalled 0, failed 0" in line for line in bursts), result.stdout
+    assert "heartbeat timeout 8 s" in result.stdout and "no stall" in result.stdout
+
+
+def test_the_activity_burst_benchmark_fails_on_a_stall():
+    """A stall is any activity found late: with a bound no activity meets, every one stalls."""
+    result = subprocess.run([*BURST[:3], "4", *BURST[5:], "--stall", "0"], capture_output=True, text=True, cwd=REPO,
+                            timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+    assert "STALLED" in result.stdout
+    failure = [line for line in result.stderr.splitlines() if line.startswith("activity_burst: FAILED")]
+    assert failure and "4 stalled" in failure[0], result.stderr[-2000:]
