@@ -42,6 +42,15 @@ HOOK_FAILURES_PATCH = "hook-failures"  # workflows recorded before failed groups
 POOL_STEP_PATCH = "pool-step-accounting"  # fully async histories from before: the old refill, no failure bound
 
 
+def mean_perf(groups: list[RolloutOutput]) -> dict[str, float]:
+    """The step's rollout phases for its manifest (`bench/step_profile.py` reads them): each
+    phase's seconds, the mean over the groups that timed it."""
+    seen: dict[str, list[float]] = {}
+    for g in groups:
+        for phase, seconds in (g.perf or {}).items():
+            seen.setdefault(phase, []).append(seconds)
+    return {phase: round(sum(v) / len(v), 4) for phase, v in sorted(seen.items())}
+
 class StepCollection:
     """The run's rollouts: what is in flight (prefetched steps, the async pool, child workflows)
     and the steps found recorded. `cfg` and `state` are the workflow's own (collection advances
@@ -187,6 +196,8 @@ class StepCollection:
         meta = {"groups": len(groups), "samples": sum(g.samples for g in groups),
                 "errors": sum(g.errors for g in groups), "positions": [g.position for g in groups][:64],
                 **(extra or {})}
+        if perf := mean_perf(groups):
+            meta["perf"] = perf
         record = StepRecord(cfg.run_id, step, [rid for g in groups for rid in g.rollout_ids], weight_version,
                             self.state.data_position, meta)
         return await workflow.execute_activity(
