@@ -59,6 +59,7 @@ class EvalActivities:
 
     @activity.defn(name=EVAL_PLAN)
     @final_config_errors
+    @heartbeats_throughout
     async def eval_plan(self, inp: EvalRoundInput) -> EvalPlan:
         """The round's sets and their sizes, or the round's figures if it is recorded already."""
         def plan() -> EvalPlan:
@@ -136,6 +137,7 @@ class EvalActivities:
 
     @activity.defn(name=RECORD_EVAL)
     @final_config_errors
+    @heartbeats_throughout
     async def record_eval(self, inp: EvalRoundInput) -> dict:
         """The round's figures from its stored samples, recorded once (a retry, or the round of a
         restarted run, gets the recorded figures back)."""

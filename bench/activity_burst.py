@@ -160,9 +160,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--heartbeat", type=float, default=ROLLOUT_HEARTBEAT_SECONDS,
                         help="the activities' heartbeat timeout, seconds (default: vime's rollout bound)")
     parser.add_argument("--fan-out", type=int, default=1,
-                        help="activities per workflow (8: a tool_use group; past 3 a workflow task's activities "
-                             "are not started eagerly and go through the server's matching)")
-    parser.add_argument("--stall", type=float, default=10.0, help="schedule→complete this long past the work counts as a stall")
+                        help="activities per workflow (8: a tool_use group; the SDK starts only the first few of "
+                             "a workflow task's activities eagerly, the rest go through the server's matching)")
+    parser.add_argument("--stall", type=float, default=10.0,
+                        help="schedule→complete this long past the work counts as a stall")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="vime-burst-") as tmp:
         results = asyncio.run(run(args, Path(tmp)))

@@ -90,7 +90,8 @@ async def group_timings(client: Client, run_id: str) -> dict[str, dict[str, floa
         if wid not in completed or wid not in seen:
             continue
         child = await client.get_workflow_handle(wid).fetch_history()
-        first_task = next((e.event_time for e in child.events if e.event_type == E.EVENT_TYPE_WORKFLOW_TASK_STARTED), None)
+        first_task = next((e.event_time for e in child.events
+                           if e.event_type == E.EVENT_TYPE_WORKFLOW_TASK_STARTED), None)
         marker = next((e for e in child.events if e.event_type == E.EVENT_TYPE_MARKER_RECORDED), None)
         done = next((e for e in child.events if e.event_type == E.EVENT_TYPE_ACTIVITY_TASK_COMPLETED), marker)
         if first_task is None or done is None:
@@ -163,7 +164,8 @@ def profile(run_dir: Path, run_id: str) -> list[str]:
     samples = int(median([meta["samples"] for meta in metas.values()]) or 0)
     groups = int(median([meta["groups"] for meta in metas.values()]) or 0)
     rows = [
-        f"run {run_id}: median of steps {steps[0]}..{steps[-1]} ({groups} groups x {samples // max(1, groups)} samples)",
+        f"run {run_id}: median of steps {steps[0]}..{steps[-1]} "
+        f"({groups} groups x {samples // max(1, groups)} samples)",
         f"step                                    {rollout + train + sync:7.3f} s",
         f"  rollout (the workflow waits)          {rollout:7.3f} s",
         f"    slowest group, start → parent saw it {group_hop('group_total', max):7.3f} s",

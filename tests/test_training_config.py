@@ -27,7 +27,7 @@ def test_the_flags_values_reach_the_config(tmp_path):
     cfg = training_config(args)
     assert (cfg.run_id, cfg.num_rollout, cfg.rollout_batch_size, cfg.n_samples_per_prompt, cfg.max_staleness,
             cfg.save_interval) == ("r1", 7, 3, 5, 2, 4)
-    assert (cfg.over_sampling_batch_size, cfg.trainer_heartbeat_seconds, cfg.rollout_heartbeat_seconds) == (3, 9, 8)  # rollouts: at most 8 s
+    assert (cfg.over_sampling_batch_size, cfg.trainer_heartbeat_seconds, cfg.rollout_heartbeat_seconds) == (3, 9, 9)
     assert (cfg.rollout_task_queue, cfg.trainer_task_queue, cfg.max_failed_sample_ratio) == ("q-r", "q-t", 0.5)
     assert (cfg.max_filter_rounds, cfg.local_activities) == (16, True)  # no flag: the defaults
     assert cfg.run_argv == list(args.argv) and cfg.save == str((tmp_path / "ckpt").resolve())

@@ -34,7 +34,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.failures import StepFailures
     from vime.envs.group_workflow import group_workflow_id as rollout_workflow_id
     from vime.envs.group_workflow import starting_search_attributes
-    from vime.temporal.retry import rollout_retry_policy
+    from vime.temporal.activity_bounds import rollout_activity_options, rollout_heartbeat_seconds
     from workflows.rollout import ROLLOUT_STEP, RolloutInput, RolloutOutput, RolloutStepInput, RolloutStepOutput
     from workflows.steps import RECORD_STEP, RECORDED_STEPS, RecordedStep, RecordedStepsInput, StepRecord
 
@@ -78,7 +78,7 @@ class StepCollection:
         found = await workflow.execute_activity(
             RECORDED_STEPS, RecordedStepsInput(cfg.run_id, self.state.step, gap=cfg.max_staleness + 1),
             result_type=list[RecordedStep], task_queue=cfg.rollout_task_queue,
-            start_to_close_timeout=timedelta(seconds=300), retry_policy=rollout_retry_policy())
+            **rollout_activity_options(cfg.rollout_heartbeat_seconds, timedelta(seconds=300)))
         self.recorded = {r.step: r for r in found}
         if found:
             self.state.data_position = max(self.state.data_position, *(r.next_position for r in found))
@@ -202,7 +202,7 @@ class StepCollection:
                             self.state.data_position, meta)
         return await workflow.execute_activity(
             RECORD_STEP, record, result_type=RecordedStep, task_queue=cfg.rollout_task_queue,
-            start_to_close_timeout=timedelta(seconds=300), retry_policy=rollout_retry_policy())
+            **rollout_activity_options(cfg.rollout_heartbeat_seconds, timedelta(seconds=300)))
 
     def _check_step(self, step: int, groups: list[RolloutOutput]) -> None:
         """Never train on nothing: a step whose every sample failed is a configuration error (the
@@ -255,9 +255,7 @@ class StepCollection:
                 ROLLOUT_STEP, RolloutStepInput(cfg.run_id, step, self.state.data_position, weight_version,
                                                cfg.rollout_heartbeat_seconds),
                 result_type=RolloutStepOutput, task_queue=cfg.rollout_task_queue,
-                start_to_close_timeout=timedelta(hours=12),
-                heartbeat_timeout=timedelta(seconds=cfg.rollout_heartbeat_seconds),
-                retry_policy=rollout_retry_policy())
+                **rollout_activity_options(cfg.rollout_heartbeat_seconds, timedelta(hours=12), user_code=True))
         except ActivityError as e:
             raise final_error(f"step {step}: --rollout-function-path failed: {root_message(e)}") from e
         self.state.data_position = out.next_position
@@ -272,7 +270,8 @@ class StepCollection:
         self.children_running += 1
         try:
             inp = RolloutInput(cfg.run_id, step, position, weight_version,
-                               heartbeat_seconds=cfg.rollout_heartbeat_seconds, local_activity=cfg.local_activities,
+                               heartbeat_seconds=rollout_heartbeat_seconds(cfg.rollout_heartbeat_seconds),
+                               local_activity=cfg.local_activities,
                                n_samples_per_prompt=cfg.n_samples_per_prompt,
                                sandbox_task_queue=cfg.sandbox_task_queue)
             return await workflow.execute_child_workflow(

@@ -21,7 +21,6 @@ from temporalio.converter import default as default_converter
 
 from vime.config.resolve import DEFAULT_ROLLOUT_FUNCTION
 from vime.envs import load_environment
-from vime.temporal.activity_bounds import rollout_heartbeat_seconds
 from vime.temporal.training_contract import (TrainingConfig, TrainingInput, TrainingState,
                                              training_config_from)
 from vime.train.checkpoint import latest_checkpoint, read_state
@@ -43,7 +42,7 @@ def training_config(args) -> TrainingConfig:
     return training_config_from(
         vars(args), over_sampling_batch_size=args.over_sampling_batch_size or args.rollout_batch_size,
         save=str(Path(args.save).resolve()) if args.save else None,
-        trainer_heartbeat_seconds=args.heartbeat_timeout, rollout_heartbeat_seconds=rollout_heartbeat_seconds(args.heartbeat_timeout),
+        trainer_heartbeat_seconds=args.heartbeat_timeout, rollout_heartbeat_seconds=args.heartbeat_timeout,
         custom_rollout_function=args.rollout_function_path != DEFAULT_ROLLOUT_FUNCTION,
         rollout_workflow=load_environment(args.rollout_env).group_workflow,
         max_concurrent_rollouts=args.max_concurrent_rollouts or 0, run_argv=list(args.argv),

@@ -10,8 +10,9 @@ heartbeat timeout can be seconds: a lost start, or a dead worker, is then found 
 
 Retrying early is safe because rollout activities are idempotent: the store writes once per
 rollout id, a multi-turn rollout resumes from its stored turns, and a group that is already
-stored is returned as stored. The trainer's activities keep `--heartbeat-timeout` whole: a train
-step holds the CPU, and its queue's lost-trainer path is not a cheap retry.
+stored is returned as stored. The trainer's activities keep `--heartbeat-timeout` whole (a train
+step holds the CPU, and its queue's lost-trainer path is not a cheap retry), and so do a user's
+whole-step hooks and `vime eval`'s checkpoint load.
 
 Light on purpose (temporalio's common module, vime.temporal.retry): workflows import it.
 """
@@ -35,8 +36,13 @@ def rollout_heartbeat_seconds(configured: float) -> float:
     return min(configured, ROLLOUT_HEARTBEAT_SECONDS)
 
 
-def rollout_activity_options(heartbeat_seconds: float, timeout: timedelta = timedelta(hours=2)) -> dict[str, Any]:
-    """`execute_activity`'s bounds for a heartbeating rollout activity: `timeout` in all, a
-    heartbeat every `heartbeat_seconds` at most, and the rollout retry policy."""
-    return {"start_to_close_timeout": timeout, "heartbeat_timeout": timedelta(seconds=heartbeat_seconds),
+def rollout_activity_options(heartbeat_seconds: float, timeout: timedelta = timedelta(hours=2), *,
+                             user_code: bool = False) -> dict[str, Any]:
+    """`execute_activity`'s bounds for a heartbeating rollout activity: `timeout` in all, the
+    rollout retry policy, and a heartbeat every `rollout_heartbeat_seconds(heartbeat_seconds)` at
+    most. With `user_code` (a `--rollout-function-path` or `--eval-function-path` hook's whole
+    step: one activity, never a burst, whose async code may hold the event loop) the configured
+    heartbeat timeout is kept whole."""
+    seconds = heartbeat_seconds if user_code else rollout_heartbeat_seconds(heartbeat_seconds)
+    return {"start_to_close_timeout": timeout, "heartbeat_timeout": timedelta(seconds=seconds),
             "retry_policy": rollout_retry_policy()}
