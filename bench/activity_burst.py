@@ -39,6 +39,7 @@ from temporalio.client import Client  # noqa: E402
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker  # noqa: E402
 
 from vime.temporal.activity_bounds import ROLLOUT_HEARTBEAT_SECONDS, rollout_activity_options  # noqa: E402
+from vime.temporal.client import connect  # noqa: E402
 from vime.temporal.dev_server import TemporalDevServer  # noqa: E402
 from vime.temporal.heartbeat import heartbeating  # noqa: E402
 from workers.rollout import ROLLOUT_ACTIVITY_SLOTS, ROLLOUT_WORKFLOW_TASK_SLOTS  # noqa: E402
@@ -125,7 +126,7 @@ async def burst(client: Client, queue: str, size: int, inp: BurstInput, stall: f
 async def run(args: argparse.Namespace, work: Path) -> list[BurstResult]:
     server = TemporalDevServer(work / "temporal", headless=True).start()
     try:
-        client = await connect_when_ready(server.address)
+        client = await connect(server.address, timeout=30)
         queue = f"burst-{uuid.uuid4().hex[:8]}"
         inp = BurstInput(args.work, args.heartbeat, args.fan_out)
         async with Worker(client, task_queue=queue, workflows=[BurstWorkflow], activities=[burst_activity],
@@ -139,18 +140,6 @@ async def run(args: argparse.Namespace, work: Path) -> list[BurstResult]:
             return results
     finally:
         server.stop()
-
-
-async def connect_when_ready(address: str, wait: float = 30.0) -> Client:
-    """The dev server listens before its frontend is healthy: retry within a bound."""
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            return await Client.connect(address)
-        except RuntimeError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.2)
 
 
 def main(argv: list[str] | None = None) -> int:

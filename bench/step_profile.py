@@ -38,6 +38,7 @@ from temporalio.client import Client  # noqa: E402
 
 from vime.metrics_log import METRICS_FILE  # noqa: E402
 from vime.store import SampleStore  # noqa: E402
+from vime.temporal.client import connect  # noqa: E402
 from vime.temporal.dev_server import TemporalDevServer  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -115,15 +116,7 @@ async def temporal_timings(run_dir: Path, run_id: str) -> dict[str, dict[str, fl
                 (Path(tmp) / src.name).write_bytes(src.read_bytes())
         server = TemporalDevServer(tmp, headless=True).start()
         try:
-            for _ in range(100):  # the server listens before its frontend is healthy
-                try:
-                    client = await Client.connect(server.address)
-                    break
-                except RuntimeError:
-                    await asyncio.sleep(0.2)
-            else:
-                raise RuntimeError(f"no Temporal frontend at {server.address}")
-            return await group_timings(client, run_id)
+            return await group_timings(await connect(server.address, timeout=30), run_id)
         finally:
             server.stop()
 
