@@ -15,7 +15,10 @@ run unsandboxed (the sandbox costs worker CPU, not dispatch).
 Per burst it prints the wall time, the slowest activity's schedule→start and schedule→complete
 (from the first attempt's schedule: a lost start shows there), the slowest return→workflow lag,
 the activities that needed a second attempt, and those that took `--stall` s or more beyond
-their work. Any such stall, or any failed workflow, fails the bench (exit 1).
+their work. Any such stall, or any failed workflow, fails the bench (exit 1). A lost start does
+not come when called: `--lose K` acts one out in K workflows (the first attempt is started and
+never heartbeats, exactly what the server sees of a start whose poll was lost), to measure how
+long the bound takes to find it.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ class BurstInput:
     work_seconds: float
     heartbeat_seconds: float
     fan_out: int = 1  # activities per workflow, started together (a tool_use group: one per sample)
+    lose: int = 0  # the first attempts of the first `lose` workflows' activities act out a lost start
 
 
 @dataclass
@@ -68,6 +72,8 @@ class Timing:
 @activity.defn(name=ACTIVITY)
 async def burst_activity(inp: BurstInput) -> Timing:
     info = activity.info()
+    if info.attempt == 1 and int(info.workflow_id.rsplit("-", 1)[1]) < inp.lose:
+        await asyncio.sleep(3600)  # started, and never heard of again: what the server sees of a lost start
     async with heartbeating():
         await asyncio.sleep(inp.work_seconds)
     return Timing(info.scheduled_time, info.started_time, info.attempt, datetime.now(timezone.utc))
@@ -128,7 +134,7 @@ async def run(args: argparse.Namespace, work: Path) -> list[BurstResult]:
     try:
         client = await connect(server.address, timeout=30)
         queue = f"burst-{uuid.uuid4().hex[:8]}"
-        inp = BurstInput(args.work, args.heartbeat, args.fan_out)
+        inp = BurstInput(args.work, args.heartbeat, args.fan_out, args.lose)
         async with Worker(client, task_queue=queue, workflows=[BurstWorkflow], activities=[burst_activity],
                           workflow_runner=UnsandboxedWorkflowRunner(),
                           max_concurrent_activities=ROLLOUT_ACTIVITY_SLOTS,
@@ -151,6 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fan-out", type=int, default=1,
                         help="activities per workflow (8: a tool_use group; the SDK starts only the first few of "
                              "a workflow task's activities eagerly, the rest go through the server's matching)")
+    parser.add_argument("--lose", type=int, default=0,
+                        help="act out a lost start in the first attempts of this many workflows' activities "
+                             "(they never heartbeat): how long until the retry runs")
     parser.add_argument("--stall", type=float, default=10.0,
                         help="schedule→complete this long past the work counts as a stall")
     args = parser.parse_args(argv)
