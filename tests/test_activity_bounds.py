@@ -1,4 +1,4 @@
-"""A rollout activity's lost start is found in seconds: its heartbeat timeout is at most 8 s,
+"""A rollout activity's lost start is found in seconds: its heartbeat timeout is at most 6 s,
 whatever `--heartbeat-timeout` says; a user's whole-step hook keeps the flag's timeout whole."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from datetime import timedelta
 from vime.temporal.activity_bounds import ROLLOUT_HEARTBEAT_SECONDS, rollout_activity_options
 
 
-def test_a_rollout_activity_heartbeats_within_eight_seconds_whatever_the_flag():
-    assert ROLLOUT_HEARTBEAT_SECONDS == 8
-    assert rollout_activity_options(60)["heartbeat_timeout"] == timedelta(seconds=8)
+def test_a_rollout_activity_heartbeats_within_six_seconds_whatever_the_flag():
+    assert ROLLOUT_HEARTBEAT_SECONDS == 6
+    assert rollout_activity_options(60)["heartbeat_timeout"] == timedelta(seconds=6)
     assert rollout_activity_options(5)["heartbeat_timeout"] == timedelta(seconds=5)  # a shorter flag wins
 
 

@@ -189,7 +189,19 @@ def test_the_activity_burst_benchmark_starts_every_activity_without_a_stall():
     bursts = [line for line in result.stdout.splitlines() if line.startswith("burst")]
     assert [line.split(":")[0].split() for line in bursts] == [["burst", "8"], ["burst", "24"]], result.stdout
     assert all("stalled 0, failed 0" in line for line in bursts), result.stdout
-    assert "heartbeat timeout 8 s" in result.stdout and "no stall" in result.stdout
+    assert "heartbeat timeout 6 s" in result.stdout and "no stall" in result.stdout
+
+
+def test_a_lost_activity_start_is_found_within_the_rollout_bound_not_a_minute():
+    """A group whose eight activities' starts are lost (acted out: started, never heard of): each
+    is retried after the 6 s heartbeat bound and a 1 s retry interval, well under the 10 s of a stall."""
+    result = subprocess.run([*BURST[:3], "16", *BURST[5:], "--fan-out", "8", "--lose", "1"], capture_output=True,
+                            text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    burst = next(line for line in result.stdout.splitlines() if line.startswith("burst"))
+    assert "retried 8, stalled 0, failed 0" in burst, result.stdout
+    found = float(re.search(r"schedule→start +([\d.]+) s", burst).group(1))
+    assert 6 <= found < 10, burst
 
 
 def test_the_activity_burst_benchmark_fails_on_a_stall():
