@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import os
 import sys
@@ -53,7 +54,7 @@ ACTIVITY = "burst_activity"
 @dataclass
 class BurstInput:
     work_seconds: float
-    heartbeat_seconds: float
+    heartbeat_seconds: float | None  # None: vime's bound for the default --heartbeat-timeout
     fan_out: int = 1  # activities per workflow, started together (a tool_use group: one per sample)
     lose: int = 0  # the first attempts of the first `lose` workflows' activities act out a lost start
 
@@ -73,7 +74,9 @@ class Timing:
 async def burst_activity(inp: BurstInput) -> Timing:
     info = activity.info()
     if info.attempt == 1 and int(info.workflow_id.rsplit("-", 1)[1]) < inp.lose:
-        await asyncio.sleep(3600)  # started, and never heard of again: what the server sees of a lost start
+        with contextlib.suppress(asyncio.CancelledError):  # the worker's shutdown ends it
+            await asyncio.sleep(3600)  # started, and never heard of again: what the server sees of a lost start
+        return Timing(info.scheduled_time, info.started_time, info.attempt, datetime.now(timezone.utc))
     async with heartbeating():
         await asyncio.sleep(inp.work_seconds)
     return Timing(info.scheduled_time, info.started_time, info.attempt, datetime.now(timezone.utc))
@@ -84,8 +87,8 @@ class BurstWorkflow:
     @workflow.run
     async def run(self, inp: BurstInput) -> list[Timing]:
         async def one() -> Timing:
-            timing = await workflow.execute_activity(
-                ACTIVITY, inp, result_type=Timing, **rollout_activity_options(inp.heartbeat_seconds))
+            bounds = rollout_activity_options(inp.heartbeat_seconds or ROLLOUT_HEARTBEAT_SECONDS, capped=False)
+            timing = await workflow.execute_activity(ACTIVITY, inp, result_type=Timing, **bounds)
             timing.completed = workflow.now()
             return timing
 
@@ -152,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bursts", type=int, nargs="+", default=[64, 256], help="workflows started at once, per burst")
     parser.add_argument("--work", type=float, default=0.5, help="seconds each activity works (heartbeating)")
-    parser.add_argument("--heartbeat", type=float, default=ROLLOUT_HEARTBEAT_SECONDS,
-                        help="the activities' heartbeat timeout, seconds (default: vime's rollout bound)")
+    parser.add_argument("--heartbeat", type=float,
+                        help="the activities' heartbeat timeout, seconds (default: vime's rollout bound, "
+                             f"{ROLLOUT_HEARTBEAT_SECONDS:g} s; 60 was the bound before #25)")
     parser.add_argument("--fan-out", type=int, default=1,
                         help="activities per workflow (8: a tool_use group; the SDK starts only the first few of "
                              "a workflow task's activities eagerly, the rest go through the server's matching)")
@@ -169,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in bad:
         print(f"activity_burst: FAILED burst {r.size}: {r.stalled} stalled (>= {args.stall:g} s), {r.failed} failed"
               + (f"; first error {r.first_error}" if r.first_error else ""), file=sys.stderr)
-    print(f"heartbeat timeout {args.heartbeat:g} s, work {args.work:g} s, fan-out {args.fan_out}: "
+    heartbeat = ROLLOUT_HEARTBEAT_SECONDS if args.heartbeat is None else args.heartbeat
+    print(f"heartbeat timeout {heartbeat:g} s, work {args.work:g} s, fan-out {args.fan_out}: "
           + ("STALLED" if bad else "no stall"), flush=True)
     gc.collect()  # a client held by a cycle can abort the interpreter's exit (notes/temporal.md)
     sys.stdout.flush()

@@ -15,7 +15,7 @@ def test_a_rollout_activity_heartbeats_within_six_seconds_whatever_the_flag():
 
 
 def test_a_users_whole_step_hook_keeps_the_flags_heartbeat_timeout():
-    options = rollout_activity_options(60, timedelta(hours=12), user_code=True)
+    options = rollout_activity_options(60, timedelta(hours=12), capped=False)
     assert options["heartbeat_timeout"] == timedelta(seconds=60)
     assert options["start_to_close_timeout"] == timedelta(hours=12)
 

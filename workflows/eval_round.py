@@ -147,7 +147,7 @@ class EvalRounds:
         if cfg.eval_by_function:
             await workflow.execute_activity(
                 EVAL_BY_FUNCTION, inp, task_queue=cfg.rollout_task_queue,
-                **rollout_activity_options(cfg.rollout_heartbeat_seconds, timedelta(hours=12), user_code=True))
+                **rollout_activity_options(cfg.rollout_heartbeat_seconds, timedelta(hours=12), capped=False))
         else:
             slots = asyncio.Semaphore(EVAL_CONCURRENCY)
             await asyncio.gather(*(self._group(slots, step, version, s, i)

@@ -255,7 +255,7 @@ class StepCollection:
                 ROLLOUT_STEP, RolloutStepInput(cfg.run_id, step, self.state.data_position, weight_version,
                                                cfg.rollout_heartbeat_seconds),
                 result_type=RolloutStepOutput, task_queue=cfg.rollout_task_queue,
-                **rollout_activity_options(cfg.rollout_heartbeat_seconds, timedelta(hours=12), user_code=True))
+                **rollout_activity_options(cfg.rollout_heartbeat_seconds, timedelta(hours=12), capped=False))
         except ActivityError as e:
             raise final_error(f"step {step}: --rollout-function-path failed: {root_message(e)}") from e
         self.state.data_position = out.next_position

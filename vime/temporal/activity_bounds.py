@@ -39,12 +39,12 @@ def rollout_heartbeat_seconds(configured: float) -> float:
 
 
 def rollout_activity_options(heartbeat_seconds: float, timeout: timedelta = timedelta(hours=2), *,
-                             user_code: bool = False) -> dict[str, Any]:
+                             capped: bool = True) -> dict[str, Any]:
     """`execute_activity`'s bounds for a heartbeating rollout activity: `timeout` in all, the
     rollout retry policy, and a heartbeat every `rollout_heartbeat_seconds(heartbeat_seconds)` at
-    most. With `user_code` (a `--rollout-function-path` or `--eval-function-path` hook's whole
-    step: one activity, never a burst, whose async code may hold the event loop) the configured
-    heartbeat timeout is kept whole."""
-    seconds = heartbeat_seconds if user_code else rollout_heartbeat_seconds(heartbeat_seconds)
+    most. Not `capped`: `heartbeat_seconds` itself, for a `--rollout-function-path` or
+    `--eval-function-path` hook's whole step (one activity, never a burst, whose async code may
+    hold the event loop)."""
+    seconds = rollout_heartbeat_seconds(heartbeat_seconds) if capped else heartbeat_seconds
     return {"start_to_close_timeout": timeout, "heartbeat_timeout": timedelta(seconds=seconds),
             "retry_policy": rollout_retry_policy()}
