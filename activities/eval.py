@@ -31,7 +31,7 @@ from vime.rollout.rewards import reward_value
 from vime.sample_summary import failure_class
 from vime.engine.weight_sync.checkpoint_load import engine_urls, load_checkpoint_weights
 from vime.temporal.eval_contract import LOAD_CHECKPOINT, LoadCheckpointInput
-from vime.temporal.heartbeat import heartbeating
+from vime.temporal.heartbeat import heartbeating, heartbeats_throughout
 from vime.temporal.retry import final_config_errors
 from vime.temporal.store_calls import store_call
 from vime.types import Sample
@@ -59,6 +59,7 @@ class EvalActivities:
 
     @activity.defn(name=EVAL_PLAN)
     @final_config_errors
+    @heartbeats_throughout
     async def eval_plan(self, inp: EvalRoundInput) -> EvalPlan:
         """The round's sets and their sizes, or the round's figures if it is recorded already."""
         def plan() -> EvalPlan:
@@ -92,6 +93,7 @@ class EvalActivities:
 
     @activity.defn(name=EVAL_BY_FUNCTION)
     @final_config_errors
+    @heartbeats_throughout
     async def evaluate_by_function(self, inp: EvalRoundInput) -> int:
         """A round by slime's hook, `--eval-function-path` (else `--rollout-function-path`):
         `fn(args, rollout_id=step, data_source, evaluation=True)`, returning slime's
@@ -135,6 +137,7 @@ class EvalActivities:
 
     @activity.defn(name=RECORD_EVAL)
     @final_config_errors
+    @heartbeats_throughout
     async def record_eval(self, inp: EvalRoundInput) -> dict:
         """The round's figures from its stored samples, recorded once (a retry, or the round of a
         restarted run, gets the recorded figures back)."""

@@ -24,13 +24,14 @@ tasks and heartbeats, and a write may wait for a lock.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from vime.temporal.retry import final_config_errors
-from vime.temporal.heartbeat import heartbeating
+from vime.temporal.heartbeat import heartbeating, heartbeats_throughout
 from activities.eval import EvalActivities
 from activities.hook_notices import watch_hooks
 from vime.temporal.store_calls import store_call
@@ -40,6 +41,7 @@ from vime.rollout.data_source import make_data_source
 from vime.rollout.filters import apply_dynamic_filter
 from vime.rollout.generate import router_url
 from vime.rollout.group import run_group
+from vime.rollout.phase_times import collecting, timed
 from vime.rollout.policy_check import check_on_policy
 from vime.config.run_args import RunArgs, stored_config
 from vime.envs.contract import hook_failures, summarize
@@ -98,9 +100,17 @@ class RolloutActivities:
 
     @activity.defn(name="generate_group")
     @final_config_errors
+    @heartbeats_throughout
     async def generate_group(self, inp: RolloutInput) -> RolloutOutput:
         if inp.evaluation:  # an eval prompt's group: stored as the round's, never trained
             return await self.evals.evaluate_group(inp)
+        with collecting() as times:
+            out = await self._generate_group(inp, times)
+        out.perf = {k: round(v, 4) for k, v in times.items()}
+        return out
+
+    async def _generate_group(self, inp: RolloutInput, times: dict[str, float]) -> RolloutOutput:
+        t0 = time.perf_counter()
         args, data_source = await self.run_context(inp.run_id)
         group = data_source.prompt_group(inp.position)
         ids = [str(slot.index) for slot in group]  # the slot's id is the rollout's idempotency key
@@ -110,8 +120,11 @@ class RolloutActivities:
 
         if activity.in_activity():
             watch_hooks(activity.client())
+        t1 = time.perf_counter()
+        times["context"] = t1 - t0
         async with heartbeating():
             results = await run_group(args, group, evaluation=inp.evaluation)
+            times["run_group"] = time.perf_counter() - t1
             await self.retry_if_infra(args, results, f"group {inp.position}")
         check_on_policy((s for r in results for s in r), inp.weight_version, f"group {inp.position} of step {inp.step}")
         keep, reason = ((False, FAILED_SAMPLES) if hook_failures(results)
@@ -121,11 +134,13 @@ class RolloutActivities:
                 s.rollout_id = rid
                 s.metadata.setdefault("weight_version", inp.weight_version)
                 s.metadata["filter"] = {"keep": keep, "reason": reason}
-        await store_call(self.store.write_rollouts, inp.run_id, dict(zip(ids, results)))
+        with timed("store"):
+            await store_call(self.store.write_rollouts, inp.run_id, dict(zip(ids, results)))
         return summarize(inp.position, ids, results, keep, reason)
 
     @activity.defn(name="generate_rollout_step")
     @final_config_errors
+    @heartbeats_throughout
     async def generate_rollout_step(self, inp: RolloutStepInput) -> RolloutStepOutput:
         """A whole step by `--rollout-function-path generate_rollout(args, rollout_id, data_source)`.
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from temporalio import activity
 
+from vime.temporal.heartbeat import heartbeats_throughout
 from vime.temporal.retry import final_config_errors
 from vime.temporal.store_calls import store_call
 from vime.store import SampleStore
@@ -28,6 +29,7 @@ class StepActivities:
 
     @activity.defn(name=RECORD_STEP)
     @final_config_errors
+    @heartbeats_throughout
     async def record_step(self, rec: StepRecord) -> RecordedStep:
         meta = {**rec.meta, "next_position": rec.next_position}
         manifest = await store_call(self.store.write_step_manifest, rec.run_id, rec.step, rec.rollout_ids,
@@ -36,6 +38,7 @@ class StepActivities:
 
     @activity.defn(name=RECORDED_STEPS)
     @final_config_errors
+    @heartbeats_throughout
     async def recorded_steps(self, inp: RecordedStepsInput) -> list[RecordedStep]:
         def read() -> list[RecordedStep]:
             found, step, misses = [], inp.from_step, 0

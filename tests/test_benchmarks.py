@@ -176,3 +176,39 @@ def test_the_eval_cost_benchmark_prints_both_runs_steps_per_minute_and_their_rat
     assert [line.split(":")[0].strip() for line in lines if "steps/min (" in line] == ["no eval", "eval"], lines
     assert "4 round(s)" in next(line for line in lines if line.strip().startswith("eval:"))  # 0, 1, 2 and after 3
     assert any(re.search(r"training runs at \d+\.\d\dx the steps/min of the run without", line) for line in lines)
+
+
+BURST = [sys.executable, "bench/activity_burst.py", "--bursts", "8", "24", "--work", "0.2"]
+
+
+def test_the_activity_burst_benchmark_starts_every_activity_without_a_stall():
+    """Small bursts on the file-backed dev server, the rollout activities' own bounds: every
+    activity runs, none is found late (the full 64 and 256: docs/performance.md)."""
+    result = subprocess.run([*BURST, "--fan-out", "8"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    bursts = [line for line in result.stdout.splitlines() if line.startswith("burst")]
+    assert [line.split(":")[0].split() for line in bursts] == [["burst", "8"], ["burst", "24"]], result.stdout
+    assert all("stalled 0, failed 0" in line for line in bursts), result.stdout
+    assert "heartbeat timeout 6 s" in result.stdout and "no stall" in result.stdout
+
+
+def test_a_lost_activity_start_is_found_within_the_rollout_bound_not_a_minute():
+    """A group whose eight activities' starts are lost (acted out: started, never heard of): each
+    is retried after the 6 s heartbeat bound and a 1 s retry interval, well under the 10 s of a stall."""
+    result = subprocess.run([*BURST[:3], "16", *BURST[5:], "--fan-out", "8", "--lose", "1"], capture_output=True,
+                            text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    burst = next(line for line in result.stdout.splitlines() if line.startswith("burst"))
+    assert "retried 8, stalled 0, failed 0" in burst, result.stdout
+    found = float(re.search(r"schedule→start +([\d.]+) s", burst).group(1))
+    assert 6 <= found < 10, burst
+
+
+def test_the_activity_burst_benchmark_fails_on_a_stall():
+    """A stall is any activity found late: with a bound no activity meets, every one stalls."""
+    result = subprocess.run([*BURST[:3], "4", *BURST[5:], "--stall", "0"], capture_output=True, text=True, cwd=REPO,
+                            timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+    assert "STALLED" in result.stdout
+    failure = [line for line in result.stderr.splitlines() if line.startswith("activity_burst: FAILED")]
+    assert failure and "4 stalled" in failure[0], result.stderr[-2000:]

@@ -38,7 +38,7 @@ with workflow.unsafe.imports_passed_through():
     from vime.envs.group_workflow import starting_search_attributes
     from vime.temporal.error_types import final_error, root_message
     from vime.temporal.group_contract import GroupInput, GroupOutput
-    from vime.temporal.retry import rollout_retry_policy
+    from vime.temporal.activity_bounds import rollout_activity_options, rollout_heartbeat_seconds
     from vime.temporal.search_attributes import EVAL
     from vime.temporal.training_contract import TrainingConfig, TrainingState
 
@@ -138,7 +138,7 @@ class EvalRounds:
         inp = EvalRoundInput(cfg.run_id, step, version, cfg.rollout_heartbeat_seconds)
         plan = await workflow.execute_activity(
             EVAL_PLAN, inp, result_type=EvalPlan, task_queue=cfg.rollout_task_queue,
-            start_to_close_timeout=timedelta(seconds=300), retry_policy=rollout_retry_policy())
+            **rollout_activity_options(cfg.rollout_heartbeat_seconds, timedelta(seconds=300)))
         if plan.recorded is not None:
             return flat(plan.recorded)
         if before is not None:
@@ -146,8 +146,8 @@ class EvalRounds:
         t0 = workflow.time()
         if cfg.eval_by_function:
             await workflow.execute_activity(
-                EVAL_BY_FUNCTION, inp, task_queue=cfg.rollout_task_queue, start_to_close_timeout=timedelta(hours=12),
-                heartbeat_timeout=timedelta(seconds=cfg.rollout_heartbeat_seconds), retry_policy=rollout_retry_policy())
+                EVAL_BY_FUNCTION, inp, task_queue=cfg.rollout_task_queue,
+                **rollout_activity_options(cfg.rollout_heartbeat_seconds, timedelta(hours=12), capped=False))
         else:
             slots = asyncio.Semaphore(EVAL_CONCURRENCY)
             await asyncio.gather(*(self._group(slots, step, version, s, i)
@@ -156,7 +156,7 @@ class EvalRounds:
         inp.seconds = workflow.time() - t0
         recorded = await workflow.execute_activity(
             RECORD_EVAL, inp, result_type=dict, task_queue=cfg.rollout_task_queue,
-            start_to_close_timeout=timedelta(seconds=600), retry_policy=rollout_retry_policy())
+            **rollout_activity_options(cfg.rollout_heartbeat_seconds, timedelta(seconds=600)))
         return flat(recorded)
 
     async def _group(self, slots: asyncio.Semaphore, step: int, version: int, dataset: EvalSet,
@@ -168,7 +168,7 @@ class EvalRounds:
             self.running += 1
             try:
                 inp = GroupInput(cfg.run_id, step, position, version, evaluation=True, eval_set=eval_set,
-                                 heartbeat_seconds=cfg.rollout_heartbeat_seconds,
+                                 heartbeat_seconds=rollout_heartbeat_seconds(cfg.rollout_heartbeat_seconds),
                                  local_activity=cfg.local_activities,
                                  n_samples_per_prompt=n,
                                  sandbox_task_queue=cfg.sandbox_task_queue)

@@ -32,6 +32,7 @@ from temporalio.exceptions import ActivityError, CancelledError
 with workflow.unsafe.imports_passed_through():
     from vime.envs.contract import GroupInput, GroupOutput
     from vime.envs.group_workflow import finish_group, starting_search_attributes
+    from vime.temporal.activity_bounds import rollout_activity_options
     from vime.temporal.retry import rollout_retry_policy
     from vime.temporal.search_attributes import ROLLOUT_STATUS, RUN_ID
 
@@ -73,14 +74,8 @@ class RolloutWorkflow:
             return await workflow.execute_local_activity(
                 GENERATE_GROUP, inp, result_type=RolloutOutput, start_to_close_timeout=timedelta(hours=2),
                 retry_policy=rollout_retry_policy())
-        return await workflow.execute_activity(
-            GENERATE_GROUP,
-            inp,
-            result_type=RolloutOutput,
-            start_to_close_timeout=timedelta(hours=2),
-            heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds),
-            retry_policy=rollout_retry_policy(),
-        )
+        return await workflow.execute_activity(GENERATE_GROUP, inp, result_type=RolloutOutput,
+                                               **rollout_activity_options(inp.heartbeat_seconds))
 
 
 ROLLOUT_STEP = "generate_rollout_step"

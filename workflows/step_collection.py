@@ -34,13 +34,22 @@ with workflow.unsafe.imports_passed_through():
     from workflows.failures import StepFailures
     from vime.envs.group_workflow import group_workflow_id as rollout_workflow_id
     from vime.envs.group_workflow import starting_search_attributes
-    from vime.temporal.retry import rollout_retry_policy
+    from vime.temporal.activity_bounds import rollout_activity_options, rollout_heartbeat_seconds
     from workflows.rollout import ROLLOUT_STEP, RolloutInput, RolloutOutput, RolloutStepInput, RolloutStepOutput
     from workflows.steps import RECORD_STEP, RECORDED_STEPS, RecordedStep, RecordedStepsInput, StepRecord
 
 HOOK_FAILURES_PATCH = "hook-failures"  # workflows recorded before failed groups were counted and replaced
 POOL_STEP_PATCH = "pool-step-accounting"  # fully async histories from before: the old refill, no failure bound
 
+
+def mean_perf(groups: list[RolloutOutput]) -> dict[str, float]:
+    """The step's rollout phases for its manifest (`bench/step_profile.py` reads them): each
+    phase's seconds, the mean over the groups that timed it."""
+    seen: dict[str, list[float]] = {}
+    for g in groups:
+        for phase, seconds in (g.perf or {}).items():
+            seen.setdefault(phase, []).append(seconds)
+    return {phase: round(sum(v) / len(v), 4) for phase, v in sorted(seen.items())}
 
 class StepCollection:
     """The run's rollouts: what is in flight (prefetched steps, the async pool, child workflows)
@@ -69,7 +78,7 @@ class StepCollection:
         found = await workflow.execute_activity(
             RECORDED_STEPS, RecordedStepsInput(cfg.run_id, self.state.step, gap=cfg.max_staleness + 1),
             result_type=list[RecordedStep], task_queue=cfg.rollout_task_queue,
-            start_to_close_timeout=timedelta(seconds=300), retry_policy=rollout_retry_policy())
+            **rollout_activity_options(cfg.rollout_heartbeat_seconds, timedelta(seconds=300)))
         self.recorded = {r.step: r for r in found}
         if found:
             self.state.data_position = max(self.state.data_position, *(r.next_position for r in found))
@@ -187,11 +196,13 @@ class StepCollection:
         meta = {"groups": len(groups), "samples": sum(g.samples for g in groups),
                 "errors": sum(g.errors for g in groups), "positions": [g.position for g in groups][:64],
                 **(extra or {})}
+        if perf := mean_perf(groups):
+            meta["perf"] = perf
         record = StepRecord(cfg.run_id, step, [rid for g in groups for rid in g.rollout_ids], weight_version,
                             self.state.data_position, meta)
         return await workflow.execute_activity(
             RECORD_STEP, record, result_type=RecordedStep, task_queue=cfg.rollout_task_queue,
-            start_to_close_timeout=timedelta(seconds=300), retry_policy=rollout_retry_policy())
+            **rollout_activity_options(cfg.rollout_heartbeat_seconds, timedelta(seconds=300)))
 
     def _check_step(self, step: int, groups: list[RolloutOutput]) -> None:
         """Never train on nothing: a step whose every sample failed is a configuration error (the
@@ -244,9 +255,7 @@ class StepCollection:
                 ROLLOUT_STEP, RolloutStepInput(cfg.run_id, step, self.state.data_position, weight_version,
                                                cfg.rollout_heartbeat_seconds),
                 result_type=RolloutStepOutput, task_queue=cfg.rollout_task_queue,
-                start_to_close_timeout=timedelta(hours=12),
-                heartbeat_timeout=timedelta(seconds=cfg.rollout_heartbeat_seconds),
-                retry_policy=rollout_retry_policy())
+                **rollout_activity_options(cfg.rollout_heartbeat_seconds, timedelta(hours=12), capped=False))
         except ActivityError as e:
             raise final_error(f"step {step}: --rollout-function-path failed: {root_message(e)}") from e
         self.state.data_position = out.next_position
@@ -261,7 +270,8 @@ class StepCollection:
         self.children_running += 1
         try:
             inp = RolloutInput(cfg.run_id, step, position, weight_version,
-                               heartbeat_seconds=cfg.rollout_heartbeat_seconds, local_activity=cfg.local_activities,
+                               heartbeat_seconds=rollout_heartbeat_seconds(cfg.rollout_heartbeat_seconds),
+                               local_activity=cfg.local_activities,
                                n_samples_per_prompt=cfg.n_samples_per_prompt,
                                sandbox_task_queue=cfg.sandbox_task_queue)
             return await workflow.execute_child_workflow(

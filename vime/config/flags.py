@@ -263,7 +263,9 @@ class VimeArgs:
         "vime-trainer", "Queue where trainers announce themselves; each also serves its own queue."
     )
     heartbeat_timeout: float = _orchestration(
-        60.0, "Seconds without a heartbeat before a worker counts as dead and its activity is retried."
+        60.0, "Seconds without a heartbeat before a worker counts as dead and its activity is retried "
+        "(the trainer's, and a --rollout-function-path hook's; vime's rollout activities use at most 6 s, so a "
+        "start the dev server lost is found in seconds)."
     )
     vllm_server_urls: list[str] | None = _orchestration(
         None, "vLLM servers to push weights to (default: the ones vime starts).", nargs="+"

@@ -24,7 +24,7 @@ What this module offers, by where it runs:
   `group_args`, `sampling_params`, `check_policy`, `store_group`, `store_rollout`, `stored_group`, `TurnLog`
   (a multi-turn rollout's turns in the store), `sampled_here` (the attempt and worker sampling a
   turn); given the group's input they serve eval rounds too, `run_group`, `heartbeating`,
-  `store_call`, `final_config_errors`;
+  `heartbeats_throughout`, `store_call`, `final_config_errors`;
 - sandboxes (`vime.sandbox`): `make_sandbox`, `run_program`, `ProgramResult`.
 
 Those past the first line load when first asked for: the flag parser imports this package, and
@@ -52,7 +52,7 @@ _LAZY = {
                      "sampling_params", "check_policy", "store_group", "store_rollout", "stored_group", "TurnLog", "sampled_here"),
                     "vime.envs.rollouts"),
     **dict.fromkeys(("rollout_retry_policy", "final_config_errors", "CONFIG_ERROR"), "vime.temporal.retry"),
-    "heartbeating": "vime.temporal.heartbeat",
+    **dict.fromkeys(("heartbeating", "heartbeats_throughout"), "vime.temporal.heartbeat"),
     "store_call": "vime.temporal.store_calls",
     "run_group": "vime.rollout.group",
     **dict.fromkeys(("make_sandbox", "run_program", "ProgramResult"), "vime.sandbox"),

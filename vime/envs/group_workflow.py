@@ -33,7 +33,8 @@ from temporalio.exceptions import ApplicationError, ChildWorkflowError, is_cance
 
 with workflow.unsafe.imports_passed_through():
     from vime.envs.contract import PREVIEW_SAMPLES, GroupInput, GroupOutput
-    from vime.temporal.retry import CONFIG_ERROR, rollout_retry_policy, root_message
+    from vime.temporal.activity_bounds import rollout_activity_options
+    from vime.temporal.retry import CONFIG_ERROR, root_message
     from vime.temporal.search_attributes import EVAL, POLICY_VERSION, REWARD, ROLLOUT_ID, ROLLOUT_STATUS, RUN_ID
 
 T = TypeVar("T")
@@ -104,16 +105,14 @@ async def fan_out_activities(inp: GroupInput, name: str, make_input: Callable[[i
     concurrently, each heartbeating, with the rollout retry policy: the per-sample sibling of
     `execute_group_activity` (a long rollout as one activity that checkpoints its turns)."""
     return await fan_out(inp, lambda i: workflow.execute_activity(
-        name, make_input(i), result_type=result_type, start_to_close_timeout=timeout,
-        heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds), retry_policy=rollout_retry_policy()))
+        name, make_input(i), result_type=result_type, **rollout_activity_options(inp.heartbeat_seconds, timeout)))
 
 
 async def execute_group_activity(inp: GroupInput, name: str, timeout: timedelta = timedelta(hours=2)) -> GroupOutput:
     """The activity `name` on the whole group (`GroupInput` in, `GroupOutput` out), heartbeating,
     with the rollout retry policy (infra failures retry, a `ConfigError` ends the run)."""
-    return await workflow.execute_activity(name, inp, result_type=GroupOutput, start_to_close_timeout=timeout,
-                                           heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds),
-                                           retry_policy=rollout_retry_policy())
+    return await workflow.execute_activity(name, inp, result_type=GroupOutput,
+                                           **rollout_activity_options(inp.heartbeat_seconds, timeout))
 
 
 def finish_group(out: GroupOutput, status: str | None = None) -> GroupOutput:

@@ -20,6 +20,7 @@ from typing import Any
 from vime.engine.client import EngineClient, EngineRequestError, GenerateOutput
 from vime.errors import ConfigError
 from vime.rollout import tokenization
+from vime.rollout.phase_times import timed
 from vime.types import Sample
 
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, EngineClient]] = weakref.WeakKeyDictionary()
@@ -123,7 +124,8 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any], e
             "samples are generated"
         )
     if not sample.tokens:
-        sample.tokens = prompt_token_ids(args, sample)
+        with timed("tokenize"):
+            sample.tokens = prompt_token_ids(args, sample)
         sample.response_length = 0
     if not sample.tokens:
         return fail(sample, "the prompt renders to zero tokens")
@@ -140,14 +142,16 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any], e
     if limit is not None and params.get("max_tokens") is not None:
         params["max_tokens"] = min(params["max_tokens"], limit - len(sample.tokens))
     try:
-        output = await get_engine_client(args).generate(sample.tokens, params, session_id=sample.session_id)
+        with timed("http"):
+            output = await get_engine_client(args).generate(sample.tokens, params, session_id=sample.session_id)
     except EngineRequestError as exc:
         if exc.status == 400 and _CONTEXT_ERROR.search(exc.body):
             return fail(sample, f"vLLM rejected the context of {len(sample.tokens)} tokens: {exc.body[:300]}",
                         prompt_too_long=True)
         raise
-    tokenizer = tokenization.tokenizer_for(args)
-    text = tokenizer.decode(output.token_ids, skip_special_tokens=bool(params.get("skip_special_tokens", False)))
+    with timed("tokenize"):
+        tokenizer = tokenization.tokenizer_for(args)
+        text = tokenizer.decode(output.token_ids, skip_special_tokens=bool(params.get("skip_special_tokens", False)))
     sample.append_response_tokens(output.token_ids, output.log_probs, loss_mask=1, text=text)
     sample.weight_versions.extend(output.weight_versions)
     sample.status = status_of(output)

@@ -45,6 +45,7 @@ from vime.errors import ConfigError, ServiceError
 from vime.log import get_logger
 from vime.plugins import call_hook_async, load_function
 from vime.rollout import generate as default_generate
+from vime.rollout.phase_times import timed
 from vime.rollout.failures import is_infra_error
 from vime.rollout.hook_calls import HookTimeout, call_limited, hook_label, user_frame
 from vime.rollout.rewards import SampleRewardError, group_rewards
@@ -237,12 +238,14 @@ async def run_group(args: Any, group: list[Sample], *, evaluation: bool = False,
         params = params_for_sample(base, args, sample)
         siblings = await _generate_rollout(args, hook, source, sample, params, evaluation)
         if not group_rm:
-            await score_rollouts(args, [siblings], reward)
+            with timed("reward"):
+                await score_rollouts(args, [siblings], reward)
         return siblings
 
     rollouts = await gather_or_cancel([one(s) for s in group])
     if group_rm:
-        await score_rollouts(args, rollouts)
+        with timed("reward"):
+            await score_rollouts(args, rollouts)
     return rollouts
 
 

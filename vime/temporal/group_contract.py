@@ -72,6 +72,9 @@ class GroupOutput:
     # the start of its prompt and response. The group's workflow takes it off before returning,
     # so the training workflow's history never carries text.
     preview: list[dict] | None = None
+    # Seconds by phase of the activity that made the group (`vime.rollout.phase_times`: context,
+    # run_group, store; http, tokenize, reward summed over its samples), for the step's profile.
+    perf: dict[str, float] = field(default_factory=dict)
 
 
 RolloutInput = GroupInput

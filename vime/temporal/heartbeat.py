@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import Any
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar
 
 from temporalio import activity
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @contextlib.asynccontextmanager
@@ -36,3 +40,17 @@ async def heartbeating(interval: float | None = None, *details: Any) -> AsyncIte
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+def heartbeats_throughout(fn: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """Decorate an async activity so that it heartbeats from its first line to its last: the
+    reads before its work and the store write after it too. A rollout activity's heartbeat
+    timeout is seconds (`vime.temporal.activity_bounds`), so a store call waiting for SQLite's
+    lock, or a first read of the run's config, must not go quiet that long."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        async with heartbeating():
+            return await fn(*args, **kwargs)
+
+    return wrapper

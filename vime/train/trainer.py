@@ -166,9 +166,11 @@ class Trainer:
             offsets.append(offsets[-1] + sum(len(r) for r in step))
         shells = [prepare_step(step, zero_adv[offsets[i]:offsets[i + 1]]) for i, step in enumerate(steps)]
         plan = [plan_micro_batches(items, world, self.budget) for items in shells]
+        t_batched = time.monotonic()
 
         ref_lp = self._logprobs_of(self.ref_model, plan) if self.ref_model is not None else {}
         old_lp = self._logprobs_of(self.model, plan) if len(steps) > 1 else {}
+        t_logprobs = time.monotonic()
         kl = None
         if args.kl_coef > 0 and ref_lp:
             kl = [kl_divergence(old_lp.get(id(s), torch.tensor(s.rollout_log_probs)), ref_lp[id(s)], "k1")
@@ -181,6 +183,8 @@ class Trainer:
         if self.opd_config.use_opd and self.loss_config.loss_type != "sft_loss":
             adv, opd_metrics = self._apply_opd(flat, adv, old_lp or self._logprobs_of(self.model, plan))
         by_id = {id(s): a for s, a in zip(flat, adv.per_token)}
+        t_advantages = time.monotonic()
+        optimizer_seconds = 0.0
         for items in shells:
             for item in items:
                 item.advantages = by_id[id(item.sample)].float().reshape(-1)
@@ -214,10 +218,13 @@ class Trainer:
                     sums[k] = sums.get(k, 0.0) + float(v) / len(plan)
             # --clip-grad 0 is no clipping, as in Megatron; torch would scale every gradient to 0
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad or math.inf)
+            t_opt = time.monotonic()
             grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
             self.optimizer.step()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
+            optimizer_seconds += time.monotonic() - t_opt
+        t_updated = time.monotonic()
 
         metrics = dist_utils.all_reduce_sum(dict(sorted(sums.items())))
         metrics.update({f"adv_{k}": float(v) for k, v in adv.stats.items()})
@@ -232,6 +239,11 @@ class Trainer:
         metrics["rollouts"] = len(rollouts)
         elapsed = time.monotonic() - t0
         metrics["train_seconds"] = elapsed
+        # where the step's seconds went (docs/performance.md): cheap, always on
+        metrics.update({"perf/train_batching_s": t_batched - t0, "perf/train_logprobs_s": t_logprobs - t_batched,
+                        "perf/train_advantages_s": t_advantages - t_logprobs,
+                        "perf/train_forward_backward_s": t_updated - t_advantages - optimizer_seconds,
+                        "perf/train_optimizer_s": optimizer_seconds})
         metrics["train_tokens_per_second"] = sum(len(s.tokens) for s in flat) / max(elapsed, 1e-9)
         self.step += 1
         return StepResult(self.step, metrics)

@@ -8,6 +8,7 @@ the store itself, so no token data crosses the broadcast.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -124,7 +125,9 @@ class TrainerGroup:
             return self.results[step].metrics
         if step != self.trainer.step:
             raise RuntimeError(f"trainer is at step {self.trainer.step}, asked to train step {step}")
+        t0 = time.monotonic()
         stored = self.store.read_step_samples(run_id, step)
+        loaded = time.monotonic() - t0
         keyed = [(key, s) for key, s in zip(sample_keys(stored), stored) if trainable(s)]
         samples = [s for _, s in keyed]
         self._refuse_stale(run_id, step, samples)
@@ -133,7 +136,9 @@ class TrainerGroup:
                               f"empty); nothing to train on")
         result = self.trainer.train_step(samples)
         if dist_utils.rank() == 0:
+            t0 = time.monotonic()
             self.store.mark_trained(run_id, [key for key, _ in keyed], step)
+            result.metrics.update({"perf/train_load_s": loaded, "perf/train_mark_trained_s": time.monotonic() - t0})
         self.results = {step: result}
         return result.metrics
 

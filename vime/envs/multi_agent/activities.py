@@ -23,7 +23,8 @@ from typing import Any
 from temporalio import activity
 
 from vime.envs import (EnvContext, EnvWorkers, check_policy, final_config_errors, group_args, heartbeating,
-                       prompt_group, sample_previews, sampled_here, sampling_params, store_call, store_rollout)
+                       heartbeats_throughout, prompt_group, sample_previews, sampled_here, sampling_params,
+                       store_call, store_rollout)
 from vime.envs.multi_agent import roles, task
 from vime.envs.multi_agent.flags import multi_agent_flags
 from vime.envs.multi_agent.workflow import (REWRITER, SELECTOR, SOLVERS, STORE, MultiAgentRolloutInput,
@@ -88,6 +89,7 @@ class MultiAgentActivities:
 
     @activity.defn(name=SOLVERS)
     @final_config_errors  # a ConfigError ends the run with its line; the rest retries
+    @heartbeats_throughout
     async def solvers(self, inp: MultiAgentRolloutInput) -> RoleOutput:
         args, base, params = await self._base(inp)
         k = multi_agent_flags(args).num_solvers
@@ -113,18 +115,21 @@ class MultiAgentActivities:
 
     @activity.defn(name=REWRITER)
     @final_config_errors
+    @heartbeats_throughout
     async def rewriter(self, inp: MultiAgentRolloutInput) -> RoleOutput:
         return await self._one_turn(inp, "rewriter", 0, lambda args, base, params, solutions, _: roles.rewriter(
             args, base, params, solutions, score=self.score))
 
     @activity.defn(name=SELECTOR)
     @final_config_errors
+    @heartbeats_throughout
     async def selector(self, inp: MultiAgentRolloutInput) -> RoleOutput:
         return await self._one_turn(inp, "selector", 1, lambda args, base, params, solutions, stored: roles.selector(
             args, base, params, solutions, stored[len(solutions)]))  # the rewriter's turn
 
     @activity.defn(name=STORE)
     @final_config_errors
+    @heartbeats_throughout
     async def store_rollout(self, inp: MultiAgentRolloutInput) -> MultiAgentRolloutOutput:
         """The stored turns as the rollout's samples, rewarded, written once (a retry gets the
         stored refs back)."""

@@ -85,6 +85,7 @@ class MultiAgentRolloutWorkflow:
         self.phases.append("store")
         out = await workflow.execute_activity(
             STORE, inp, result_type=MultiAgentRolloutOutput, start_to_close_timeout=timedelta(minutes=5),
+            heartbeat_timeout=timedelta(seconds=inp.heartbeat_seconds),  # a lost start: found in seconds
             retry_policy=rollout_retry_policy())
         finish_rollout("completed", out.reward_mean, out.preview)  # each role's turn in the memo
         return out

@@ -14,7 +14,7 @@ from typing import Any
 from temporalio import activity
 
 from vime.envs import (EnvContext, EnvWorkers, GroupInput, GroupOutput, TurnLog, final_config_errors, group_args,
-                       heartbeating, prompt_group, prompt_sample, sampling_params, store_group, stored_group)
+                       heartbeating, heartbeats_throughout, prompt_group, prompt_sample, sampling_params, store_group, stored_group)
 from vime.envs.tool_use.flags import tool_use_config
 from vime.envs.tool_use.rollout import Tool, replay, reward, run_tool_rollout
 from vime.envs.tool_use.tool import run_code, tool_sandbox
@@ -35,6 +35,7 @@ class ToolUseActivities:
 
     @activity.defn(name="tool_use_rollout")
     @final_config_errors
+    @heartbeats_throughout
     async def tool_use_rollout(self, inp: ToolUseRolloutInput) -> ToolUseRolloutOutput:
         args = await self.ctx.run_args(inp.run_id)
         sample = await prompt_sample(args, inp)
@@ -54,6 +55,7 @@ class ToolUseActivities:
 
     @activity.defn(name="store_tool_use_group")
     @final_config_errors
+    @heartbeats_throughout
     async def store_tool_use_group(self, inp: GroupInput) -> GroupOutput:
         args = await self.ctx.run_args(inp.run_id)
         ids = [s.rollout_id for s in await prompt_group(args, inp)]
