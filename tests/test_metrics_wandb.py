@@ -155,3 +155,18 @@ def test_use_wandb_without_the_package_is_one_line_before_anything_starts(tmp_pa
     with pytest.raises(ConfigError, match=r"--use-wandb: the wandb package is not installed: pip install 'vime\[wandb\]'"):
         check_metrics(run_args(tmp_path, "--use-wandb"))
     check_metrics(run_args(tmp_path))  # no W&B asked for, nothing needed
+
+
+@pytest.mark.parametrize("given", [["--wandb-key", "k" * 40], ["--wandb-key=" + "k" * 40]], ids=["spaced", "equals"])
+def test_the_wandb_key_stays_out_of_the_runs_recorded_flags_and_reaches_the_workers_as_its_variable(tmp_path, given):
+    """The run's flags go to the store and into the workflow's input, which the Web UI, `temporal
+    workflow show` and `vime config` print: the key is in none of them. `vime train`'s workers get
+    it as WANDB_API_KEY, which W&B reads when no key is given."""
+    from vime.config.run_input import secret_env, to_json, training_config, workflow_input
+
+    args = run_args(tmp_path, "--use-wandb", *given)
+    assert args.wandb_key == "k" * 40
+    assert "k" * 40 not in json.dumps(training_config(args).run_argv)
+    assert "k" * 40 not in to_json(workflow_input(args))
+    assert secret_env(args) == {"WANDB_API_KEY": "k" * 40}
+    assert secret_env(run_args(tmp_path, "--use-wandb")) == {}

@@ -343,8 +343,8 @@ class VimeArgs:
               "`wandb sync`.", choices=("online", "offline", "disabled"))
     wandb_dir: str | None = _metrics(None, "Directory of W&B's files (default: the run directory).")
     wandb_key: str | None = _metrics(
-        None, "W&B API key (default: $WANDB_API_KEY or `wandb login`). It is stored with the run's flags: "
-              "prefer WANDB_API_KEY in the rollout worker's environment.")
+        None, "W&B API key (default: $WANDB_API_KEY or `wandb login`). Never recorded with the run's flags: "
+              "`vime train` passes it to its workers as WANDB_API_KEY; long-lived workers need that variable.")
     wandb_host: str | None = _metrics(None, "W&B server URL (default: W&B's cloud).")
     wandb_team: str | None = _metrics(None, "W&B entity (team or user) of the run.")
     wandb_group: str | None = _metrics(None, "W&B group of the run.")

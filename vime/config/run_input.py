@@ -26,6 +26,31 @@ from vime.temporal.training_contract import (TrainingConfig, TrainingInput, Trai
 from vime.train.checkpoint import latest_checkpoint, read_state
 
 
+SECRET_FLAGS = ("--wandb-key",)
+"""Flags whose value is a credential: kept out of the run's recorded flags (the store, the
+workflow's input that the Web UI and `temporal workflow show` print, `vime config`'s JSON).
+`vime train` hands the W&B key to its own workers as WANDB_API_KEY instead (`secret_env`)."""
+
+
+def without_secrets(argv: list[str]) -> list[str]:
+    """`argv` less each `SECRET_FLAGS` flag and its value (`--flag VALUE` or `--flag=VALUE`)."""
+    kept: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in SECRET_FLAGS:
+            skip = True
+        elif not arg.startswith(tuple(f"{flag}=" for flag in SECRET_FLAGS)):
+            kept.append(arg)
+    return kept
+
+
+def secret_env(args) -> dict[str, str]:
+    """The environment that carries the secret flags' values to workers `vime train` starts."""
+    return {"WANDB_API_KEY": args.wandb_key} if getattr(args, "wandb_key", None) else {}
+
+
 def initial_state(args) -> TrainingState:
     """Step 0, or the state of the newest checkpoint under --load."""
     path = latest_checkpoint(args.load)
@@ -45,7 +70,7 @@ def training_config(args) -> TrainingConfig:
         trainer_heartbeat_seconds=args.heartbeat_timeout, rollout_heartbeat_seconds=args.heartbeat_timeout,
         custom_rollout_function=args.rollout_function_path != DEFAULT_ROLLOUT_FUNCTION,
         rollout_workflow=load_environment(args.rollout_env).group_workflow,
-        max_concurrent_rollouts=args.max_concurrent_rollouts or 0, run_argv=list(args.argv),
+        max_concurrent_rollouts=args.max_concurrent_rollouts or 0, run_argv=without_secrets(list(args.argv)),
         eval_interval=args.eval_interval or 0,
         eval_by_function=(args.eval_function_path or args.rollout_function_path) != DEFAULT_ROLLOUT_FUNCTION)
 

@@ -41,7 +41,7 @@ from vime.engine.weight_sync import live_weights
 from vime.engine.model_fleets import ModelFleets, model_fleets
 from vime.engine.topology import topology_of
 from vime.errors import VimeError
-from vime.config.run_input import initial_state, training_config
+from vime.config.run_input import initial_state, secret_env, training_config
 from vime.launcher.follow import Follower
 from vime.log import get_logger
 from vime.config.preflight import preflight
@@ -167,7 +167,8 @@ def _workers(args, run_dir: Path, temporal_address: str, fleet) -> list[WorkerPr
     argv = [*args.argv, "--temporal-address", temporal_address, "--vllm-router-ip", host,
             "--vllm-router-port", port, *_urls_flag("--vllm-server-urls", fleet.server_urls),
             *_urls_flag("--vllm-model-urls", [f"{name}={url}" for name, url in fleet.model_urls.items()])]
-    checked = {CHECKED_ENV: "1"}  # this launcher's parse checked the --vllm-* flags: no vLLM import in workers
+    checked = {CHECKED_ENV: "1", **secret_env(args)}  # this launcher's parse checked the --vllm-* flags: no vLLM
+    # import in workers; the W&B key as the environment (the run's recorded flags leave it out)
     return [WorkerProcess("rollout", "workers.rollout", argv, run_dir / "worker-rollout.log", run_dir, env=checked),
             WorkerProcess("trainer", "workers.trainer", argv, run_dir / "worker-trainer.log", run_dir, env=checked)]
 
