@@ -233,6 +233,10 @@ def test_vime_cancel_from_another_terminal_ends_the_launch_in_one_line_and_the_s
         trained = len(run.trained_counts())
         report(capsys, f"vime cancel after step {trained}: the launch ended {time.monotonic() - t0:.1f} s later")
         assert 0 < trained < run.steps
+        runs = subprocess.run([sys.executable, "-m", "vime.cli", "runs", "--run-dir", str(run.run_dir), "--json"],
+                              capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert runs.returncode == 0, runs.stderr  # its Temporal stopped with the launch: the store says how it ended
+        assert [r["state"] for r in json.loads(runs.stdout)] == ["cancelled"], runs.stdout
         run.start()  # a cancelled run is not lost: the same command goes on from where it was
         assert "starting it again" in run.output(run.launches) or run.wait_for(
             lambda: "starting it again" in run.output(run.launches), 120, "the restart line")

@@ -7,6 +7,7 @@ its run. The same, on long-lived workers and real servers: tests/test_long_lived
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -130,10 +131,30 @@ def test_a_run_s_state_is_its_workflow_s(workflow, state):
     assert run_state(summary(8), workflow) == state  # a cancelled run at step 8/10 is cancelled, not "step 8/10"
 
 
-def test_without_a_temporal_to_ask_a_run_is_finished_or_stopped_from_the_store():
+def test_without_a_temporal_to_ask_a_run_is_finished_failed_cancelled_or_stopped_from_the_store():
     assert run_state(summary(8), None) == "stopped"
     assert run_state(summary(10), None) == "finished"
     assert run_state(summary(3, finished=True), None) == "finished"  # its workflow recorded its end
+    for ended in ("failed", "cancelled"):  # `vime train` recorded how its workflow ended
+        assert run_state(dataclasses.replace(summary(8), ended=ended), None) == ended
+
+
+def test_the_store_keeps_how_a_run_ended_until_the_run_is_started_again(tmp_path):
+    """`vime train`'s Temporal stops with it, so the launcher records a cancel or a failure in the
+    store; `vime runs` reads it back, and the run's next start (its workflow registers the run's
+    flags) clears it."""
+    from vime.ops.queries import run_summaries
+    from vime.store import SampleStore
+
+    with SampleStore.open(tmp_path / "run") as store:
+        store.register_run("exp", ["--num-rollout", "10"], {"num_rollout": 10})
+        store.record_ended("exp", "cancelled", "run exp was cancelled (vime cancel ...)")
+        [listed] = run_summaries(store)
+        assert (listed.ended, run_state(listed, None)) == ("cancelled", "cancelled")
+        store.register_run("exp", ["--num-rollout", "10"], {"num_rollout": 10})
+        [listed] = run_summaries(store)
+        assert (listed.ended, run_state(listed, None)) == (None, "stopped")
+        assert store.run_argv("exp") == ["--num-rollout", "10"]
 
 
 # ---- what a restart does ---------------------------------------------------------------------------

@@ -76,7 +76,11 @@ def format_progress(m: dict, total: int) -> str:
 
 
 class RunFailed(ConfigError):
-    """The training workflow failed; the message is its cause, in one line."""
+    """The training workflow failed or was cancelled (`ended`); the message is its cause, in one line."""
+
+    def __init__(self, message: str, ended: str = "failed") -> None:
+        super().__init__(message)
+        self.ended = ended
 
 
 @dataclass
@@ -126,7 +130,7 @@ class Follower:
             except WorkflowFailureError as e:
                 if isinstance(e.cause, CancelledError):
                     raise RunFailed(f"run {self.run_id} was cancelled (vime cancel, the Web UI or the Temporal CLI); "
-                                    f"its samples are kept; {self.restart()}") from None
+                                    f"its samples are kept; {self.restart()}", ended="cancelled") from None
                 raise RunFailed(f"run {self.run_id} failed: {failure_message(e)} (fix it, then {self.restart()})"
                                 ) from None
             except RPCError as e:

@@ -42,7 +42,7 @@ from vime.engine.model_fleets import ModelFleets, model_fleets
 from vime.engine.topology import topology_of
 from vime.errors import VimeError
 from vime.config.run_input import initial_state, secret_env, training_config
-from vime.launcher.follow import Follower
+from vime.launcher.follow import Follower, RunFailed
 from vime.log import get_logger
 from vime.config.preflight import preflight
 from vime.metrics_log import read_metrics
@@ -257,7 +257,12 @@ class Launch:
                     self.follower = Follower(svc.client, handle, args.run_id, supervisor, self.services(svc, fleet, handle),
                                              start_step=start_step, started_at=self.started_at,
                                              restart=lambda: restart_plan(recorded(args.store_url, args.run_id)))
-                    state = await self.follower.follow()
+                    try:
+                        state = await self.follower.follow()
+                    except RunFailed as e:  # `vime runs` tells it from a stop once this Temporal is gone
+                        with SampleStore.open(args.store_url) as store:
+                            store.record_ended(args.run_id, e.ended, str(e))
+                        raise
         self._summarize(state)
         return state
 

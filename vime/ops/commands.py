@@ -44,8 +44,8 @@ def runs_main(argv: list[str]) -> int:
     from vime.ops.run_states import run_state, workflow_statuses  # Temporal's client: not on `vime show`'s path
 
     parser = argparse.ArgumentParser(prog="vime runs", description="Every run in a store: its state (running, "
-                                     "finished, failed, cancelled: from its Temporal; without one, finished or "
-                                     "stopped from the store), steps, samples, the last step's mean reward. Without "
+                                     "finished, failed, cancelled: from its Temporal; without one, as the store "
+                                     "recorded it, else stopped), steps, samples, the last step's mean reward. Without "
                                      "--run-dir/--store-url: every run directory under --runs-root.")
     add_location_flags(parser)
     parser.add_argument("--runs-root", default="runs", help="where `vime train` puts run directories (default: runs)")

@@ -32,6 +32,7 @@ class RunSummary:
     last_reward: float | None  # mean reward of the newest trained step
     failed: int  # samples stored as failed or aborted
     finished: bool = False  # its workflow recorded the run's end in the store
+    ended: str | None = None  # "failed" or "cancelled": its launcher recorded how its workflow ended
     state: str = ""  # running, finished, failed, cancelled or stopped (`vime.ops.run_states`)
 
     @property
@@ -79,7 +80,7 @@ def run_summaries(store: SampleStore) -> list[RunSummary]:
     return [RunSummary(run_id=r.run_id, created_at=r.created_at.strftime("%Y-%m-%d %H:%M"), samples=r.samples or 0,
                        steps_trained=r.steps or 0, num_rollout=(r.config or {}).get("num_rollout"),
                        last_reward=None if r.last_reward is None else float(r.last_reward), failed=int(r.failed or 0),
-                       finished=r.finished is not None)
+                       finished=r.finished is not None, ended=((r.config or {}).get("ended") or {}).get("state"))
             for r in rows]
 
 

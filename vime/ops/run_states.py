@@ -3,8 +3,9 @@
 The store knows only whether a run finished (its workflow recorded its end) and how many steps
 it trained: a run cancelled at step 8 of 10 looks there like one still going. Its workflow in
 Temporal knows how it ended, so `vime runs` asks the Temporal a run lives in (its live launch's,
-from `<run-dir>/launch.json`, or `--temporal-address`), and falls back to the store's "finished"
-or "stopped" (not finished, and no Temporal to ask) when there is none to ask.
+from `<run-dir>/launch.json`, or `--temporal-address`), and falls back to the store when there is
+none to ask: "finished", "failed" or "cancelled" as recorded (`vime train` records how its
+workflow ended before its own Temporal stops), else "stopped" (Ctrl-C, SIGTERM, a killed launcher).
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ def run_state(summary: RunSummary, workflow_status: str | None) -> str:
     or it has no such workflow."""
     if workflow_status is not None:
         return WORKFLOW_STATES.get(workflow_status, workflow_status.lower())
-    return "finished" if summary.progress == "finished" else "stopped"
+    if summary.progress == "finished":
+        return "finished"
+    return summary.ended or "stopped"
 
 
 async def workflow_statuses(address: str, namespace: str, run_ids: list[str]) -> dict[str, str]:

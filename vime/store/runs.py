@@ -56,7 +56,7 @@ class RunsApi(StoreBase):
         """
         run_id = q.check_run_id(run_id)
         argv = [str(a) for a in argv]
-        fields = {**(check_json("run config", dict(config)) if config else {}), "argv": argv}
+        fields = {**(check_json("run config", dict(config)) if config else {}), "argv": argv, "ended": None}
 
         def work(conn: Connection) -> None:
             stored = conn.execute(select(RunRow.config).where(RunRow.run_id == run_id)).first()
@@ -68,6 +68,21 @@ class RunsApi(StoreBase):
 
         self._write(work)
         self._known_runs.add(run_id)
+
+    def record_ended(self, run_id: str, state: str, line: str) -> None:
+        """Record that run `run_id`'s workflow ended without finishing (`state`: "failed" or
+        "cancelled"; `line`: what the launcher printed), so `vime runs` can say so once the
+        Temporal that knew it is gone. A start of the run clears it (`register_run`)."""
+        run_id = q.check_run_id(run_id)
+        ended = {"state": state, "line": line[:500], "at": utcnow().isoformat()}
+
+        def work(conn: Connection) -> None:
+            stored = conn.execute(select(RunRow.config).where(RunRow.run_id == run_id)).first()
+            if stored is not None:
+                conn.execute(update(RunRow).where(RunRow.run_id == run_id).values(
+                    config={**(stored.config or {}), "ended": ended}))
+
+        self._write(work)
 
     def run_argv(self, run_id: str) -> list[str] | None:
         """The flags run `run_id` was last started with (None: no such run, or one never registered)."""
