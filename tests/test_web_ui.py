@@ -22,6 +22,7 @@ import time
 import pytest
 from sqlalchemy import update
 from temporalio.client import Client
+from vime.temporal.client import connect
 
 from tests.conftest import engine_flags
 from tests.devtools import Browser
@@ -61,7 +62,7 @@ def test_the_web_ui_shows_a_rollouts_response_after_the_run(training_server, tin
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
         served = json.loads(ui.stdout.readline())
-        client = asyncio.run(Client.connect(served["temporal"]))
+        client = asyncio.run(connect(served["temporal"], timeout=60))
         group = f"{run.run_id}-rollout-0"
         described = asyncio.run(client.get_workflow_handle(group).describe())
         shown = asyncio.run(described.memo())["samples"][0]
@@ -197,7 +198,7 @@ def test_the_web_ui_start_form_trains_a_run_once_and_a_second_submit_trains_noth
 
 
 async def _starts(temporal: TemporalDevServer, run_json: str, tmp_path, record):
-    client = await Client.connect(temporal.address)
+    client = await connect(temporal.address, timeout=60)
     wid = f"train-{FORM_RUN}"
     t0 = time.monotonic()
     async with Browser(tmp_path / "chromium-profile") as browser:
