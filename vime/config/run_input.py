@@ -48,7 +48,7 @@ def without_secrets(argv: list[str]) -> list[str]:
 
 def secret_env(args) -> dict[str, str]:
     """The environment that carries the secret flags' values to workers `vime train` starts."""
-    return {"WANDB_API_KEY": args.wandb_key} if getattr(args, "wandb_key", None) else {}
+    return {"WANDB_API_KEY": args.wandb_key} if args.wandb_key else {}
 
 
 def initial_state(args) -> TrainingState:

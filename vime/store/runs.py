@@ -56,15 +56,15 @@ class RunsApi(StoreBase):
         """
         run_id = q.check_run_id(run_id)
         argv = [str(a) for a in argv]
-        fields = {**(check_json("run config", dict(config)) if config else {}), "argv": argv, "ended": None}
+        fields = {**(check_json("run config", dict(config)) if config else {}), "argv": argv}
 
         def work(conn: Connection) -> None:
             stored = conn.execute(select(RunRow.config).where(RunRow.run_id == run_id)).first()
             if stored is None:
                 conn.execute(insert(RunRow.__table__), {"run_id": run_id, "config": fields, "created_at": utcnow()})
             else:
-                conn.execute(update(RunRow).where(RunRow.run_id == run_id).values(
-                    config={**(stored.config or {}), **fields}))
+                kept = {k: v for k, v in (stored.config or {}).items() if k != "ended"}
+                conn.execute(update(RunRow).where(RunRow.run_id == run_id).values(config={**kept, **fields}))
 
         self._write(work)
         self._known_runs.add(run_id)
