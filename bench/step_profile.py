@@ -125,9 +125,9 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def profile(run_dir: Path, run_id: str) -> list[str]:
+def profile(run_dir: Path, run_id: str, first_step: bool = False) -> list[str]:
     metrics = step_metrics(run_dir)
-    measured = metrics[1:] or metrics  # the first step warms up
+    measured = (metrics[:1] if first_step else metrics[1:]) or metrics  # the first step warms up
     steps = [m["step"] for m in measured]
     metas = manifests(run_dir, run_id, steps)
     hops = asyncio.run(temporal_timings(run_dir, run_id))
@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", help="the run's id (default: launch.json's, else the run directory's name)")
     parser.add_argument("--steps", type=int, default=4, help="quickstart steps to run")
     parser.add_argument("--max-response-len", type=int, default=16, help="the quickstart's --rollout-max-response-len")
+    parser.add_argument("--first-step", action="store_true",
+                        help="profile the run's first step alone (its warm-up: what a fast start pays)")
     args, extra = parser.parse_known_args(argv)
     if args.run_dir:
         run_dir = Path(args.run_dir)
@@ -202,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
         run_quickstart(run_dir, args.steps, args.max_response_len, extra)
     launch = run_dir / "launch.json"
     run_id = args.run_id or (json.loads(launch.read_text())["run_id"] if launch.is_file() else run_dir.name)
-    for row in profile(run_dir, run_id):
+    for row in profile(run_dir, run_id, first_step=args.first_step):
         print(row)
     return 0
 

@@ -217,3 +217,15 @@ def test_the_activity_burst_benchmark_fails_on_a_stall():
     assert "STALLED" in result.stdout
     failure = [line for line in result.stderr.splitlines() if line.startswith("activity_burst: FAILED")]
     assert failure and "4 stalled" in failure[0], result.stderr[-2000:]
+
+
+def test_the_fast_start_benchmark_fails_in_one_line_when_a_launch_fails(tmp_path):
+    """A launch that cannot start (its run directory's parent is a file) fails the bench with its
+    last lines, and no launch → first step figure is printed from it."""
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    result = subprocess.run([sys.executable, "bench/fast_start.py", "--out", str(blocked)], capture_output=True,
+                            text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+    assert "launch → first step" not in result.stdout
+    assert "fast_start: launch 1 failed (exit" in result.stderr, result.stderr[-2000:]

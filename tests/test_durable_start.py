@@ -70,3 +70,23 @@ def test_the_store_keeps_a_run_s_newest_checkpoint_and_the_first_finished_state(
         store.record_finished("exp", {"step": 10, "weight_version": 10})
         store.record_finished("exp", {"step": 0})  # a run finishes once
         assert store.run_progress("exp").finished == {"step": 10, "weight_version": 10}
+
+
+def test_vime_train_starts_vllm_beside_temporal_unless_the_store_recorded_the_run_s_end(tmp_path):
+    """vLLM is the slowest part of a launch (three processes importing torch and vLLM), so a
+    launch starts it before its Temporal answers; a run the store says finished starts none
+    (Temporal's answer, the run's result, needs no server). `vime eval` keeps the old order:
+    its end is known to its workflow only."""
+    from vime.config.args import parse_args
+    from vime.launcher.launch import Launch
+
+    store_url = f"sqlite:///{tmp_path / 'vime.db'}"
+    args = parse_args(["--hf-checkpoint", str(tmp_path), "--prompt-data", str(tmp_path / "p.jsonl"),
+                       "--run-id", "exp", "--store-url", store_url])
+    launch = Launch(args, checked=True)
+    assert launch.starts_engines_early()  # a run the store has never seen
+    with SampleStore.open(store_url) as store:
+        store.ensure_run("exp")
+        assert launch.starts_engines_early()
+        store.record_finished("exp", {"step": 10})
+    assert not launch.starts_engines_early()

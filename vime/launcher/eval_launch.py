@@ -110,6 +110,10 @@ class EvalLaunch(Launch):
     def workflow_handle(self, client) -> WorkflowHandle:
         return client.get_workflow_handle(eval_workflow_id(self.args.run_id), result_type=TrainingState)
 
+    def starts_engines_early(self) -> bool:
+        """No: an eval run's end is known to its workflow only (the store records no finish)."""
+        return False
+
     async def finished(self, client) -> TrainingState | None:
         handle = self.workflow_handle(client)
         described = await _describe(handle)

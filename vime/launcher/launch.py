@@ -236,35 +236,54 @@ class Launch:
 
     async def _serve(self) -> TrainingState:
         args, run_dir = self.args, self.run_dir
-        async with temporal_service(args.temporal_address, run_dir=run_dir, namespace=args.temporal_namespace) as svc:
-            print(f"[vime] run {args.run_id} in {run_dir}; Temporal {svc.address}"
-                  + (f", Web UI {svc.ui_url}" if svc.ui_url else ""), flush=True)
-            write_launch_info(run_dir, temporal=svc.address, namespace=args.temporal_namespace, ui=svc.ui_url,
-                              run_id=args.run_id)
-            done = await self.finished(svc.client)
-            if done is not None:
-                self._summarize(done)
-                return done
-            with engines(args, run_dir) as fleet:
-                with Supervisor(self.workers(svc.address, fleet), stop_with=ask_all_to_stop) as supervisor:
-                    await asyncio.to_thread(fleet.wait_ready)  # the workers start up meanwhile
-                    handle, start_step = await self.start(svc.client)
-                    if start_step is None:  # an earlier launch's workers died with it: their work goes on now
-                        await recover_from_earlier_launch(svc.client, args.run_id, LAUNCH_ID,
-                                                          "the worker's launcher was stopped or died")
-                        await handle.signal(TRAINER_LOST_SIGNAL)
-                    self.t0 = time.monotonic()
-                    self.follower = Follower(svc.client, handle, args.run_id, supervisor, self.services(svc, fleet, handle),
-                                             start_step=start_step, started_at=self.started_at,
-                                             restart=lambda: restart_plan(recorded(args.store_url, args.run_id)))
-                    try:
-                        state = await self.follower.follow()
-                    except RunFailed as e:  # `vime runs` tells it from a stop once this Temporal is gone
-                        with SampleStore.open(args.store_url) as store:
-                            store.record_ended(args.run_id, e.ended, str(e))
-                        raise
+        with contextlib.ExitStack() as early:
+            # vLLM is the slowest part to start (three processes, each importing torch and vLLM):
+            # it starts first, beside the Temporal dev server, unless the store says the run is done.
+            fleet = early.enter_context(engines(args, run_dir)) if self.starts_engines_early() else None
+            async with temporal_service(args.temporal_address, run_dir=run_dir,
+                                        namespace=args.temporal_namespace) as svc:
+                print(f"[vime] run {args.run_id} in {run_dir}; Temporal {svc.address}"
+                      + (f", Web UI {svc.ui_url}" if svc.ui_url else ""), flush=True)
+                write_launch_info(run_dir, temporal=svc.address, namespace=args.temporal_namespace, ui=svc.ui_url,
+                                  run_id=args.run_id)
+                done = await self.finished(svc.client)
+                if done is not None:
+                    self._summarize(done)
+                    return done
+                with contextlib.ExitStack() as late:
+                    fleet = fleet or late.enter_context(engines(args, run_dir))
+                    state = await self._train(svc, fleet)
         self._summarize(state)
         return state
+
+    def starts_engines_early(self) -> bool:
+        """Whether the servers start before Temporal answers: yes unless the store recorded the
+        run's end (then Temporal's answer, the run's result, needs none)."""
+        with SampleStore.open(self.args.store_url) as store:
+            return store.run_progress(self.args.run_id).finished is None
+
+    async def _train(self, svc, fleet) -> TrainingState:
+        """Start the workers, start or attach to the run's workflow and follow it to its end."""
+        args = self.args
+        with Supervisor(self.workers(svc.address, fleet), stop_with=ask_all_to_stop) as supervisor:
+            await asyncio.to_thread(fleet.wait_ready)  # the workers start up meanwhile
+            if not isinstance(fleet, ExternalEngines):
+                print(f"[vime] vLLM ready {time.time() - self.started_at:.0f} s after the launch", flush=True)
+            handle, start_step = await self.start(svc.client)
+            if start_step is None:  # an earlier launch's workers died with it: their work goes on now
+                await recover_from_earlier_launch(svc.client, args.run_id, LAUNCH_ID,
+                                                  "the worker's launcher was stopped or died")
+                await handle.signal(TRAINER_LOST_SIGNAL)
+            self.t0 = time.monotonic()
+            self.follower = Follower(svc.client, handle, args.run_id, supervisor, self.services(svc, fleet, handle),
+                                     start_step=start_step, started_at=self.started_at,
+                                     restart=lambda: restart_plan(recorded(args.store_url, args.run_id)))
+            try:
+                return await self.follower.follow()
+            except RunFailed as e:  # `vime runs` tells it from a stop once this Temporal is gone
+                with SampleStore.open(args.store_url) as store:
+                    store.record_ended(args.run_id, e.ended, str(e))
+                raise
 
     async def finished(self, client) -> TrainingState | None:
         """The run's result if its workflow completed already (then nothing is started)."""

@@ -17,12 +17,15 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from vime.errors import ConfigError
-from vime.train import distributed as dist_utils
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where weights move, not here: the launcher and the CLI read `latest` and
+# state.json through this module, and a torch import costs them ~2 s of start-up.
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "generation_config.json")
@@ -52,7 +55,10 @@ def read_state(path: str | Path) -> dict[str, Any]:
 
 def save_checkpoint(trainer, root: str | Path, state: dict[str, Any]) -> Path | None:
     """Collective: gather weights and optimizer state; rank 0 writes `step_<state["step"]>`."""
+    import torch
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    from vime.train import distributed as dist_utils
 
     weights = trainer.full_state_dict()
     optim = get_optimizer_state_dict(trainer.model, trainer.optimizer,
@@ -94,6 +100,7 @@ def save_hf_weights(config, weights: dict[str, torch.Tensor], out: Path, *, sour
 
 def load_checkpoint(trainer, path: str | Path) -> dict[str, Any]:
     """Collective: load weights, optimizer and schedule from `path` into every rank; return state.json."""
+    import torch
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                          set_optimizer_state_dict)
