@@ -89,3 +89,19 @@ def test_lora_save_merged_writes_hf_weights_that_plain_transformers_loads(tiny_m
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     assert (logprobs(hf, ids) - logprobs(trainer.model, ids)).abs().max().item() < 1e-5
     assert (logprobs(hf, ids) - logprobs(base, ids)).abs().max().item() > 1e-4  # the adapter is in there
+
+
+def test_target_modules_alpha_and_dropout_reach_the_adapter(tiny_model_dir, tmp_path):
+    import json
+
+    trainer = Trainer(make_args(tmp_path, tiny_model_dir, ["--lora-rank", "4", "--lora-alpha", "8", "--lora-dropout",
+                                                           "0.25", "--target-modules", "q_proj", "v_proj"]))
+    wrapped = {n.split(".")[-4] for n, _ in trainer.model.named_parameters() if ".lora_A." in n}
+    assert wrapped == {"q_proj", "v_proj"}
+    q = trainer.model.get_base_model().model.layers[0].self_attn.q_proj
+    assert q.lora_dropout["default"].p == 0.25 and q.scaling["default"] == 8 / 4 == trainer.lora.scaling
+    trainer.train_step(synthetic_batch(0))
+    path = save_checkpoint(trainer, tmp_path / "ckpt", {"step": 1, "weight_version": 1, "data_position": 0})
+    config = json.loads((path / ADAPTER_DIR / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["lora_dropout"]) == (4, 8, 0.25)
+    assert sorted(config["target_modules"]) == ["q_proj", "v_proj"]

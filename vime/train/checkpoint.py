@@ -60,7 +60,7 @@ def save_checkpoint(trainer, root: str | Path, state: dict[str, Any]) -> Path | 
 
     lora = getattr(trainer, "lora", None)
     lora_on = lora is not None and lora.enabled
-    merged = not lora_on or bool(getattr(trainer.args, "lora_save_merged", False))
+    merged = not lora_on or bool(trainer.args.lora_save_merged)
     weights = trainer.full_state_dict() if merged else {}
     adapter = trainer.adapter_state_dict() if lora_on else {}
     optim = get_optimizer_state_dict(trainer.model, trainer.optimizer,

@@ -51,9 +51,8 @@ class LoraConfig:
 
     @classmethod
     def from_args(cls, args: Any) -> LoraConfig:
-        targets = getattr(args, "target_modules", None) or ["all-linear"]
-        return cls(rank=int(getattr(args, "lora_rank", 0) or 0), alpha=float(getattr(args, "lora_alpha", 16.0)),
-                   dropout=float(getattr(args, "lora_dropout", 0.0)), target_modules=tuple(targets))
+        return cls(rank=int(args.lora_rank), alpha=float(args.lora_alpha), dropout=float(args.lora_dropout),
+                   target_modules=tuple(args.target_modules or ["all-linear"]))
 
     def peft_config(self):
         from peft import LoraConfig as PeftLoraConfig
