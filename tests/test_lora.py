@@ -22,6 +22,7 @@ LORA = ["--lora-rank", "8", "--lora-alpha", "16", "--loss-type", "sft_loss", "--
     (["--lora-rank", "8", "--lora-alpha", "0"], "--lora-alpha must be > 0"),
     (["--lora-rank", "8", "--lora-dropout", "1"], "--lora-dropout must be in [0, 1)"),
     (["--lora-rank", "8", "--target-modules", "all-linear", "q_proj"], "all-linear stands alone"),
+    (["--lora-rank", "16", "--vllm-enable-lora", "--vllm-max-lora-rank", "8"], "is above --vllm-max-lora-rank 8"),
 ])
 def test_bad_lora_flags_are_refused_in_one_line_before_anything_starts(tmp_path, tiny_model_dir, flags, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(")", r"\)")):

@@ -200,6 +200,12 @@ def _check_lora_flags(args: Any) -> None:
     targets = args.target_modules or []
     if "all-linear" in targets and len(targets) > 1:
         raise ConfigError(f"--target-modules {' '.join(targets)}: all-linear stands alone; drop it or the names")
+    served = list(args.vllm_server_args or [])
+    if "--max-lora-rank" in served[:-1]:
+        max_rank = served[served.index("--max-lora-rank") + 1]
+        if max_rank.isdigit() and int(max_rank) < args.lora_rank:
+            raise ConfigError(f"--lora-rank {args.lora_rank} is above --vllm-max-lora-rank {max_rank}: the servers "
+                              f"could not load the run's adapter; raise --vllm-max-lora-rank or lower --lora-rank")
     if importlib.util.find_spec("peft") is None:
         raise ConfigError(f"--lora-rank {args.lora_rank} trains a peft adapter and peft is not installed: "
                           "pip install 'vime[lora]'")
