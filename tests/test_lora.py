@@ -106,3 +106,14 @@ def test_target_modules_alpha_and_dropout_reach_the_adapter(tiny_model_dir, tmp_
     config = json.loads((path / ADAPTER_DIR / "adapter_config.json").read_text())
     assert (config["r"], config["lora_alpha"], config["lora_dropout"]) == (4, 8, 0.25)
     assert sorted(config["target_modules"]) == ["q_proj", "v_proj"]
+
+
+def test_lora_with_gradient_checkpointing_takes_the_same_steps(tiny_model_dir, tmp_path):
+    runs = []
+    for extra in ([], ["--gradient-checkpointing"]):
+        (tmp_path / str(len(runs))).mkdir()
+        trainer = Trainer(make_args(tmp_path / str(len(runs)), tiny_model_dir, [*LORA, "--lr", "1e-2", *extra]))
+        runs.append([trainer.train_step(synthetic_batch(0)).metrics for _ in range(2)])
+    for plain, checkpointed in zip(*runs):
+        assert checkpointed["loss"] == pytest.approx(plain["loss"], abs=1e-6)
+        assert checkpointed["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5) and plain["grad_norm"] > 0
