@@ -90,3 +90,18 @@ def test_vime_train_starts_vllm_beside_temporal_unless_the_store_recorded_the_ru
         assert launch.starts_engines_early()
         store.record_finished("exp", {"step": 10})
     assert not launch.starts_engines_early()
+
+
+def test_the_launcher_imports_neither_torch_nor_vllm():
+    """The launcher starts everything else; what it imports delays all of it (torch is ~2 s here,
+    and it printed triton's "nanobind: leaked" lines at exit). Checkpoints are read as files."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", "import sys, vime.launcher.launch, vime.launcher.eval_launch; "
+                           "print(sorted({'torch', 'vllm', 'transformers'} & set(sys.modules)))"],
+                          cwd=repo, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

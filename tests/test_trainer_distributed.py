@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.test_trainer import synthetic_batch
 from vime.store import SampleStore
 
@@ -41,7 +43,8 @@ def run_ranks(nproc: int, argv: list[str], steps: Path, out: Path) -> list[dict]
     return json.loads(out.read_text())
 
 
-def test_two_ranks_give_the_same_losses_and_gradients_as_one(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--lora-rank", "8", "--lr", "1e-2"]], ids=["full", "lora"])
+def test_two_ranks_give_the_same_losses_and_gradients_as_one(tiny_model_dir, tmp_path, extra):
     with SampleStore.open(tmp_path) as store:
         store.ensure_run("run")
         for step in range(2):
@@ -53,7 +56,7 @@ def test_two_ranks_give_the_same_losses_and_gradients_as_one(tiny_model_dir, tmp
             store.write_step_manifest("run", step, list(by_rollout))
     (tmp_path / "steps.json").write_text(json.dumps(2))
     base = ["--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-            "--global-batch-size", "8", "--lr", "1e-3", "--max-tokens-per-gpu", "40", "--run-id", "run"]
+            "--global-batch-size", "8", "--lr", "1e-3", "--max-tokens-per-gpu", "40", "--run-id", "run", *extra]
 
     one = run_ranks(1, base + ["--store-url", f"sqlite:///{tmp_path}/vime.db", "--run-dir", str(tmp_path / "a")],
                     tmp_path / "steps.json", tmp_path / "one.json")

@@ -194,6 +194,16 @@ class VimeArgs:
         None, "Token budget of a packed micro-batch (default: 8192 on GPUs, 1024 on CPU).")
     gradient_checkpointing: bool = _training(False, "Recompute activations in backward.")
     seed: int = _training(1234, "Trainer seed.")
+    lora_rank: int = _training(
+        0, "LoRA rank (0: LoRA off, full fine-tuning). With a rank the base checkpoint stays frozen and only a "
+           "peft adapter trains (docs/lora.md); needs peft (pip install 'vime[lora]').")
+    lora_alpha: float = _training(16.0, "LoRA alpha: the adapter's update is scaled by alpha / rank.")
+    lora_dropout: float = _training(
+        0.0, "Dropout on the adapter's input while training, in [0, 1). Above 0 the trainer's logprobs "
+             "are stochastic, so importance ratios see the noise.")
+    target_modules: list[str] | None = _training(
+        None, "Modules the adapter wraps, by name (q_proj v_proj ...), or all-linear (the default: every "
+              "linear layer but the LM head).", nargs="+")
     sft_num_steps: int | None = _training(
         None, "`vime sft`: optimizer steps (default: --num-epoch passes over --sft-data, 1 if unset)."
     )
@@ -246,6 +256,9 @@ class VimeArgs:
     save: str | None = _checkpoint(None, "Checkpoint directory.")
     save_interval: int | None = _checkpoint(None, "Save every N rollout steps.")
     load: str | None = _checkpoint(None, "Resume from this directory (default: --save).")
+    lora_save_merged: bool = _checkpoint(
+        False, "With --lora-rank: also save each checkpoint's merged HF weights (base + adapter) beside its "
+               "adapter/, for tools that load plain HF weights.")
     ref_load: str | None = _checkpoint(
         None, "HF checkpoint of the reference model for the KL terms (default: --hf-checkpoint)."
     )

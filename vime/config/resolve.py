@@ -23,7 +23,7 @@ _POSITIVE = (
 )
 _NON_NEGATIVE = ("max_staleness", "continue_as_new_after_steps", "lr", "min_lr", "lr_warmup_iters", "weight_decay",
                  "clip_grad", "eps_clip", "kl_coef", "kl_loss_coef", "entropy_coef", "tis_clip_low",
-                 "custom_rm_timeout", "custom_generate_timeout")
+                 "custom_rm_timeout", "custom_generate_timeout", "lora_rank")
 HOOK_FLAGS = ("rollout_function_path", "custom_generate_function_path", "dynamic_sampling_filter_path",
               "buffer_filter_path", "eval_function_path", "custom_rm_path", "data_source_path")
 """The flags that name a user hook by dotted path (`VimeArgs` attribute names)."""
@@ -104,6 +104,7 @@ def resolve(args: Any) -> None:
     if args.rm_type == "remote_rm" and not args.rm_url:
         raise ConfigError("--rm-type remote_rm needs --rm-url")
     _check_loss_flags(args)
+    _check_lora_flags(args)
 
     if args.run_id is None:
         args.run_id = Path(args.run_dir).name if args.run_dir else time.strftime("run-%Y%m%d-%H%M%S")
@@ -181,6 +182,33 @@ def trains_on_rollouts(args: Any) -> bool:
     generates rollouts, or `vime sft`, does not."""
     return (args.loss_type == "policy_loss" and args.rollout_batch_size is not None
             and (args.num_rollout is not None or args.num_epoch is not None))
+
+
+def _check_lora_flags(args: Any) -> None:
+    """`--lora-*` and `--target-modules`: values peft would refuse late, on the trainer, refused here."""
+    import importlib.util
+
+    if not args.lora_rank:
+        for name in ("target_modules", "lora_save_merged"):
+            if getattr(args, name):
+                raise ConfigError(f"--{name.replace('_', '-')} needs --lora-rank (a rank > 0 turns LoRA on)")
+        return
+    if args.lora_alpha <= 0:
+        raise ConfigError(f"--lora-alpha must be > 0 (the update is scaled by alpha / rank), got {args.lora_alpha}")
+    if not 0 <= args.lora_dropout < 1:
+        raise ConfigError(f"--lora-dropout must be in [0, 1), got {args.lora_dropout}")
+    targets = args.target_modules or []
+    if "all-linear" in targets and len(targets) > 1:
+        raise ConfigError(f"--target-modules {' '.join(targets)}: all-linear stands alone; drop it or the names")
+    served = list(args.vllm_server_args or [])
+    if "--max-lora-rank" in served[:-1]:
+        max_rank = served[served.index("--max-lora-rank") + 1]
+        if max_rank.isdigit() and int(max_rank) < args.lora_rank:
+            raise ConfigError(f"--lora-rank {args.lora_rank} is above --vllm-max-lora-rank {max_rank}: the servers "
+                              f"could not load the run's adapter; raise --vllm-max-lora-rank or lower --lora-rank")
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError(f"--lora-rank {args.lora_rank} trains a peft adapter and peft is not installed: "
+                          "pip install 'vime[lora]'")
 
 
 def _check_loss_flags(args: Any) -> None:

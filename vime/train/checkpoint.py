@@ -4,6 +4,9 @@ Layout under `--save`:
     step_000012/   model.safetensors, config.json, tokenizer files   (an HF model directory)
                    trainer.pt      optimizer, LR schedule, RNG
                    state.json      {"step", "weight_version", "data_position", ...}
+                   adapter/        with --lora-rank: the adapter in peft's format (adapter_config.json,
+                                   adapter_model.safetensors); the HF weights above only with
+                                   --lora-save-merged (base + adapter merged)
     latest         the name of the newest complete checkpoint
 
 A checkpoint is written to a temporary directory and renamed into place, and `latest` is
@@ -24,8 +27,9 @@ from vime.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-# torch is imported where weights move, not here: the launcher and the CLI read `latest` and
-# state.json through this module, and a torch import costs them ~2 s of start-up.
+# torch (and the trainer's modules that import it) are imported where weights move, not here:
+# the launcher and the CLI read `latest` and state.json through this module, and a torch import
+# costs them ~2 s of start-up.
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "generation_config.json")
@@ -59,8 +63,13 @@ def save_checkpoint(trainer, root: str | Path, state: dict[str, Any]) -> Path | 
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     from vime.train import distributed as dist_utils
+    from vime.train.lora import ADAPTER_DIR, save_adapter
 
-    weights = trainer.full_state_dict()
+    lora = getattr(trainer, "lora", None)
+    lora_on = lora is not None and lora.enabled
+    merged = not lora_on or bool(trainer.args.lora_save_merged)
+    weights = trainer.full_state_dict() if merged else {}
+    adapter = trainer.adapter_state_dict() if lora_on else {}
     optim = get_optimizer_state_dict(trainer.model, trainer.optimizer,
                                      options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist_utils.rank() != 0:
@@ -71,7 +80,10 @@ def save_checkpoint(trainer, root: str | Path, state: dict[str, Any]) -> Path | 
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_hf_weights(trainer.model.config, weights, tmp, source=trainer.model_path)
+    if merged:
+        save_hf_weights(trainer.model.config, weights, tmp, source=trainer.model_path)
+    if lora_on:
+        save_adapter(lora, adapter, tmp / ADAPTER_DIR, base_model=trainer.model_path)
     torch.save({"optimizer": optim, "scheduler": trainer.scheduler.state_dict(),
                 "rng": torch.get_rng_state(), "trainer_step": trainer.step}, tmp / "trainer.pt")
     (tmp / "state.json").write_text(json.dumps(state, indent=2))
@@ -105,14 +117,25 @@ def load_checkpoint(trainer, path: str | Path) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                          set_optimizer_state_dict)
 
+    from vime.train.lora import ADAPTER_DIR, adapter_rank, load_adapter, trainer_adapter_keys
+
     path = Path(path)
     if not (path / "state.json").exists():
         raise ConfigError(f"--load {path}: not a vime checkpoint (no state.json)")
-    weights = load_file(str(path / "model.safetensors"))
-    if "lm_head.weight" not in weights and getattr(trainer.model.config, "tie_word_embeddings", False):
-        weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()  # two keys, two tensors
     full = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(trainer.model, weights, options=full)
+    lora = getattr(trainer, "lora", None)
+    if lora is not None and lora.enabled:
+        # The base stays the run's --hf-checkpoint, frozen; only the adapter resumes.
+        adapter = trainer_adapter_keys(load_adapter(path / ADAPTER_DIR))
+        set_model_state_dict(trainer.model, adapter, options=StateDictOptions(full_state_dict=True, strict=False))
+    else:
+        if not (path / "model.safetensors").exists() and (path / ADAPTER_DIR).exists():
+            raise ConfigError(f"--load {path}: a LoRA checkpoint (adapter only); resume it with the run's "
+                              f"--lora-rank {adapter_rank(path / ADAPTER_DIR)}")
+        weights = load_file(str(path / "model.safetensors"))
+        if "lm_head.weight" not in weights and getattr(trainer.model.config, "tie_word_embeddings", False):
+            weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()  # two keys, two tensors
+        set_model_state_dict(trainer.model, weights, options=full)
     extra = torch.load(path / "trainer.pt", weights_only=False)
     set_optimizer_state_dict(trainer.model, trainer.optimizer, extra["optimizer"], options=full)
     trainer.scheduler.load_state_dict(extra["scheduler"])

@@ -23,6 +23,8 @@ from torch.distributed.fsdp import fully_shard
 from vime.train import distributed as dist_utils
 from vime.train.advantages import AdvantageConfig, Advantages, advantages_from_config
 from vime.train.batching import TrainSample, group_rollouts, pack, plan_micro_batches, prepare_step, split_into_steps
+from vime.train.lora import LoraConfig, adapter_weights, decoder_layers, merged_weights
+from vime.train.lora import wrap as lora_wrap
 from vime.train.losses import LossConfig, compute_loss, entropy_from_logits, kl_divergence, token_logprobs
 from vime.train.opd import OpdConfig, apply_opd, teacher_log_probs
 from vime.types import Sample
@@ -66,14 +68,19 @@ def lr_lambda(args: Any, total_steps: int):
 
 
 def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, *, trainable: bool,
-                   gradient_checkpointing: bool = False) -> torch.nn.Module:
-    """Load an HF causal LM and shard it with FSDP2: each decoder layer, then the root."""
+                   gradient_checkpointing: bool = False, lora: LoraConfig | None = None) -> torch.nn.Module:
+    """Load an HF causal LM and shard it with FSDP2: each decoder layer, then the root. With
+    `lora` enabled the model is wrapped by peft first (only the adapter requires grad)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
     if gradient_checkpointing and trainable:
         model.gradient_checkpointing_enable()
-    for layer in model.model.layers:
+        if lora is not None and lora.enabled:
+            model.enable_input_require_grads()  # frozen embeddings: checkpointed layers still need a graph
+    if lora is not None and lora.enabled:
+        model = lora_wrap(model, lora)
+    for layer in decoder_layers(model):
         fully_shard(layer)
     fully_shard(model)
     model.train(trainable)
@@ -91,12 +98,13 @@ class Trainer:
         torch.manual_seed(args.seed)
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.model_path = model_path or args.hf_checkpoint
+        self.lora = LoraConfig.from_args(args)
         self.model = load_causal_lm(self.model_path, self.device, self.dtype, trainable=True,
-                                    gradient_checkpointing=args.gradient_checkpointing)
+                                    gradient_checkpointing=args.gradient_checkpointing, lora=self.lora)
         needs_ref = args.use_kl_loss or args.kl_coef > 0
         self.ref_model = (load_causal_lm(args.ref_load or args.hf_checkpoint, self.device,
                                          self.dtype, trainable=False) if needs_ref else None)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
+        self.optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
                                            weight_decay=args.weight_decay)
         total = (args.num_rollout or 1000) * max(1, self._optimizer_steps_per_rollout())
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(args, total))
@@ -106,6 +114,10 @@ class Trainer:
         self.temperature = args.rollout_temperature
         self.budget = args.max_tokens_per_gpu or default_token_budget(self.device)
         self.step = 0  # rollout steps applied to these weights
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        """What the optimizer updates: every weight, or with LoRA the adapter's only."""
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     def _optimizer_steps_per_rollout(self) -> int:
         a = self.args
@@ -217,7 +229,7 @@ class Trainer:
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(v) / len(plan)
             # --clip-grad 0 is no clipping, as in Megatron; torch would scale every gradient to 0
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad or math.inf)
+            norm = torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.args.clip_grad or math.inf)
             t_opt = time.monotonic()
             grad_norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
             self.optimizer.step()
@@ -271,8 +283,17 @@ class Trainer:
 
     # ---- weights out -------------------------------------------------------------------------
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full (unsharded) weights on CPU with HF names; collective, the dict is filled on rank 0 only."""
+    def _gathered_state_dict(self) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (unsharded) weights on CPU with HF names; collective, the dict is filled on rank 0 only.
+        With LoRA these are the merged weights (base + adapter), what the policy computes."""
+        state = self._gathered_state_dict()
+        return merged_weights(state, self.lora.scaling) if self.lora.enabled and state else state
+
+    def adapter_state_dict(self) -> dict[str, torch.Tensor]:
+        """The LoRA adapter on CPU under peft's file keys; collective, filled on rank 0 only."""
+        return adapter_weights(self._gathered_state_dict())
