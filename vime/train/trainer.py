@@ -86,9 +86,10 @@ def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, *, train
 class Trainer:
     """Policy, optional frozen reference, AdamW and the LR schedule, on this rank.
 
-    The models are sharded with FSDP2 only on more than one rank: at world size 1 the wrapper's
-    hooks are all cost (no shard to gather) and the update is the same without them, to the bit
-    (`tests/test_lean_train.py`). `shard=True` keeps the wrapper there, for that comparison.
+    The models are sharded with FSDP2 only on more than one rank: at world size 1 there is no
+    shard to gather, so the wrapper's hooks are pure cost, and the update is the same without them
+    (bit for bit on CPU; `tests/test_lean_train.py` holds it to 1e-6). `shard=True` keeps the
+    wrapper at world size 1, for that comparison.
     """
 
     def __init__(self, args: Any, model_path: str | None = None, *, shard: bool | None = None) -> None:
