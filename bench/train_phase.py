@@ -88,7 +88,8 @@ def plain_step(model_path: str) -> Callable[[list[Sample]], float]:
             ids[row, :len(s.tokens)] = torch.tensor(s.tokens)
             attention[row, :len(s.tokens)] = 1
             response[row, s.prompt_length - 1:len(s.tokens) - 1] = 1  # the positions that predict the response
-        rewards = torch.tensor([s.reward for s in samples]).view(-1, len(samples) // len({s.group_index for s in samples}))
+        groups = len({s.group_index for s in samples})
+        rewards = torch.tensor([s.reward for s in samples]).view(groups, -1)  # the batch is group by group
         advantages = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)).view(-1, 1)
 
         logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1]
