@@ -229,3 +229,26 @@ def test_the_fast_start_benchmark_fails_in_one_line_when_a_launch_fails(tmp_path
     assert result.returncode == 1, result.stdout + result.stderr[-2000:]
     assert "launch → first step" not in result.stdout
     assert "fast_start: launch 1 failed (exit" in result.stderr, result.stderr[-2000:]
+
+
+TRAIN_PHASE = [sys.executable, "bench/train_phase.py", "--repeats", "1", "--groups", "2", "--n", "4"]
+
+
+def test_the_train_phase_benchmark_prints_vime_and_the_plain_loop_side_by_side_and_their_ratio():
+    result = subprocess.run([*TRAIN_PHASE, "--with-fsdp2"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    medians = [line.split("median")[0].strip() for line in result.stdout.splitlines() if " median " in line]
+    assert medians == ["vime", "vime, FSDP2 at world size 1", "plain"], result.stdout
+    ratio = r"ratio \(vime / plain\): \d+\.\d\dx \(goal <= 1\.5x: (met|missed)\)"
+    assert re.search(ratio, result.stdout), result.stdout
+
+
+def test_the_train_phase_benchmark_prints_no_ratio_when_a_side_failed(tiny_model_dir, tmp_path):
+    """A model directory with a config and no weights: the trainer's side fails to load it."""
+    (tmp_path / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    result = subprocess.run([*TRAIN_PHASE, "--model", str(tmp_path)], capture_output=True, text=True, cwd=REPO,
+                            timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+    assert "ratio" not in result.stdout
+    failure = [line for line in result.stderr.splitlines() if line.startswith("train_phase: FAILED (vime)")]
+    assert failure, result.stderr[-2000:]

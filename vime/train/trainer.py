@@ -1,4 +1,4 @@
-"""The trainer: an HF causal LM under FSDP2, one `train_step` per rollout batch.
+"""The trainer: an HF causal LM (under FSDP2 on more than one rank), one `train_step` per rollout batch.
 
 One `Trainer` lives in each rank of a trainer process group (see `distributed.py`); every
 method here is collective: all ranks call it with the same arguments, in the same order.
@@ -68,9 +68,10 @@ def lr_lambda(args: Any, total_steps: int):
 
 
 def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, *, trainable: bool,
-                   gradient_checkpointing: bool = False, lora: LoraConfig | None = None) -> torch.nn.Module:
-    """Load an HF causal LM and shard it with FSDP2: each decoder layer, then the root. With
-    `lora` enabled the model is wrapped by peft first (only the adapter requires grad)."""
+                   gradient_checkpointing: bool = False, lora: LoraConfig | None = None,
+                   shard: bool = True) -> torch.nn.Module:
+    """Load an HF causal LM; with `shard`, shard it with FSDP2: each decoder layer, then the root.
+    With `lora` enabled the model is wrapped by peft first (only the adapter requires grad)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").to(device)
@@ -80,9 +81,10 @@ def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, *, train
             model.enable_input_require_grads()  # frozen embeddings: checkpointed layers still need a graph
     if lora is not None and lora.enabled:
         model = lora_wrap(model, lora)
-    for layer in decoder_layers(model):
-        fully_shard(layer)
-    fully_shard(model)
+    if shard:
+        for layer in decoder_layers(model):
+            fully_shard(layer)
+        fully_shard(model)
     model.train(trainable)
     if not trainable:
         model.requires_grad_(False)
@@ -90,20 +92,28 @@ def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, *, train
 
 
 class Trainer:
-    """Policy, optional frozen reference, AdamW and the LR schedule, on this rank."""
+    """Policy, optional frozen reference, AdamW and the LR schedule, on this rank.
 
-    def __init__(self, args: Any, model_path: str | None = None) -> None:
+    The models are sharded with FSDP2 only on more than one rank: at world size 1 there is no
+    shard to gather, so the wrapper's hooks are pure cost, and the update is the same without them
+    (bit for bit on CPU; `tests/test_lean_train.py` holds it to 1e-6). `shard=True` keeps the
+    wrapper at world size 1, for that comparison.
+    """
+
+    def __init__(self, args: Any, model_path: str | None = None, *, shard: bool | None = None) -> None:
         self.args = args
         self.device = dist_utils.init_distributed()
         torch.manual_seed(args.seed)
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.model_path = model_path or args.hf_checkpoint
+        self.sharded = dist_utils.world_size() > 1 if shard is None else shard
         self.lora = LoraConfig.from_args(args)
         self.model = load_causal_lm(self.model_path, self.device, self.dtype, trainable=True,
-                                    gradient_checkpointing=args.gradient_checkpointing, lora=self.lora)
+                                    gradient_checkpointing=args.gradient_checkpointing, lora=self.lora,
+                                    shard=self.sharded)
         needs_ref = args.use_kl_loss or args.kl_coef > 0
         self.ref_model = (load_causal_lm(args.ref_load or args.hf_checkpoint, self.device,
-                                         self.dtype, trainable=False) if needs_ref else None)
+                                         self.dtype, trainable=False, shard=self.sharded) if needs_ref else None)
         self.optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
                                            weight_decay=args.weight_decay)
         total = (args.num_rollout or 1000) * max(1, self._optimizer_steps_per_rollout())
@@ -284,8 +294,12 @@ class Trainer:
     # ---- weights out -------------------------------------------------------------------------
 
     def _gathered_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's full (unsharded) state dict on CPU, a copy that later steps leave as it is;
+        collective, the dict is filled on rank 0 only."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+        if not self.sharded:  # the unsharded model's own state dict would hold its live CPU parameters
+            return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
