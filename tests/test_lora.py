@@ -29,6 +29,12 @@ def test_bad_lora_flags_are_refused_in_one_line_before_anything_starts(tmp_path,
         make_args(tmp_path, tiny_model_dir, flags)
 
 
+def whole(param: torch.Tensor) -> torch.Tensor:
+    """A parameter's full value: FSDP2's shard gathered on more than one rank, the tensor itself on one."""
+    param = param.detach()
+    return param.full_tensor() if hasattr(param, "full_tensor") else param
+
+
 def logprobs(model, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         logits = model(input_ids=ids, use_cache=False).logits[0, :-1].float()
@@ -45,13 +51,13 @@ def test_lora_trains_only_the_adapter_and_its_checkpoint_loads_in_transformers_a
     assert trainable and all(".lora_A." in n or ".lora_B." in n for n in trainable)
     in_optimizer = sum(p.numel() for g in trainer.optimizer.param_groups for p in g["params"])
     assert in_optimizer == sum(p.numel() for p in trainer.trainable_parameters())
-    before = {n: p.detach().full_tensor().clone() for n, p in trainer.model.named_parameters()}
+    before = {n: whole(p).clone() for n, p in trainer.model.named_parameters()}
 
     batch = synthetic_batch(0)
     losses = [trainer.train_step(batch).metrics["loss"] for _ in range(4)]
     assert losses[-1] < losses[0], losses
     for n, p in trainer.model.named_parameters():
-        changed = not torch.equal(before[n], p.detach().full_tensor())
+        changed = not torch.equal(before[n], whole(p))
         assert changed == (n in trainable), n  # the adapter moved, the base did not
 
     path = save_checkpoint(trainer, tmp_path / "ckpt", {"step": 4, "weight_version": 4, "data_position": 0})
