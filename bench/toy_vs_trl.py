@@ -313,8 +313,8 @@ def report(task: str, sides: dict[str, list[RunFigures]], steps: int) -> None:
             verdict = "met" if v is not None and v <= GOAL_LAUNCH else "missed"
         elif bound is None:
             verdict = ""
-        elif ratio is None:  # vime never reached 0.9: missed; only TRL never did: no ratio to judge
-            verdict = "missed" if v is None else "n/a"
+        elif ratio is None:  # only vime never reached 0.9: missed; TRL never did: no ratio to judge
+            verdict = "missed" if v is None and t is not None else "n/a"
         else:
             verdict = "met" if ratio <= bound else "missed"
         print(f"{label:<34}{fmt(v, spec):>8}{fmt(t, spec):>8}{fmt(ratio, '.2f'):>10}  {goal} {verdict}".rstrip())
