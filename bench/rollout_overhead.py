@@ -135,6 +135,13 @@ def mean_response_len(run_dir: Path, steps: list[int]) -> float:
 def rollout_server(url: str | None, out: Path):
     """`--vllm-url`, or a server of the tiny model started here (it takes the runs' weight syncs)."""
     if url:
+        import urllib.request
+
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=10) as r:
+                r.read()
+        except OSError as e:
+            raise BenchFailed(f"cannot reach vLLM at {url}/health ({e})") from None
         yield url
         return
     from vime.engine.server import VLLMServer
