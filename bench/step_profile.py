@@ -2,6 +2,7 @@
 
     python bench/step_profile.py [--steps 4] [--max-response-len 16] [quickstart flags ...]
     python bench/step_profile.py --run-dir runs/RUN     # a run that already ran
+    python bench/step_profile.py --no-overlap           # the synchronous run only
 
 Without `--run-dir` it runs the quickstart (`examples.quickstart.run`, `--num-rollout STEPS`) in
 a fresh run directory first. Then it reads what every run records and prints the median over
@@ -14,6 +15,12 @@ the steps after the first (the first step warms caches and compiles):
 - the Temporal history (a dev server on the run's `temporal.db`): for each group, the training
   workflow's start command → the child started, → its first workflow task, → its local activity's
   marker (the group generated), → the child completed, → the training workflow's task that saw it.
+
+Then (unless `--run-dir` or `--no-overlap`) it runs the same quickstart overlapped
+(`--max-staleness 1`: the next step's rollouts are collected while the current one trains) and
+prints both runs' median seconds per step, between step ends (`finished_at`), with each one's
+median rollout wait: in the overlapped run the workflow waits only for what the prefetch has not
+finished.
 
 The figures and how to read them: docs/performance.md.
 """
@@ -188,6 +195,14 @@ def profile(run_dir: Path, run_id: str, first_step: bool = False) -> list[str]:
     return rows
 
 
+def step_seconds(run_dir: Path) -> tuple[float, float]:
+    """(median s/step between step ends after the first, median rollout wait of those steps)."""
+    metrics = sorted(step_metrics(run_dir), key=lambda m: m["step"])
+    ends = [m["finished_at"] for m in metrics]
+    return (median([b - a for a, b in zip(ends, ends[1:])]),
+            median([m["rollout_wait_seconds"] for m in metrics[1:]]))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", help="profile this run (default: run the quickstart first)")
@@ -196,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-response-len", type=int, default=16, help="the quickstart's --rollout-max-response-len")
     parser.add_argument("--first-step", action="store_true",
                         help="profile the run's first step alone (its warm-up: what a fast start pays)")
+    parser.add_argument("--no-overlap", action="store_true", help="skip the overlapped run (--max-staleness 1)")
     args, extra = parser.parse_known_args(argv)
     if args.run_dir:
         run_dir = Path(args.run_dir)
@@ -206,6 +222,14 @@ def main(argv: list[str] | None = None) -> int:
     run_id = args.run_id or (json.loads(launch.read_text())["run_id"] if launch.is_file() else run_dir.name)
     for row in profile(run_dir, run_id, first_step=args.first_step):
         print(row)
+    if args.run_dir or args.no_overlap:
+        return 0
+    overlapped = run_dir.with_name(run_dir.name + "-overlap")
+    run_quickstart(overlapped, args.steps, args.max_response_len, [*extra, "--max-staleness", "1"])
+    print("median s/step between step ends (steps 1..):")
+    for name, d in (("synchronous", run_dir), ("overlapped (--max-staleness 1)", overlapped)):
+        step, wait = step_seconds(d)
+        print(f"  {name:<32}{step:7.3f} s/step (rollout wait {wait:.3f} s)")
     return 0
 
 

@@ -252,3 +252,27 @@ def test_the_train_phase_benchmark_prints_no_ratio_when_a_side_failed(tiny_model
     assert "ratio" not in result.stdout
     failure = [line for line in result.stderr.splitlines() if line.startswith("train_phase: FAILED (vime)")]
     assert failure, result.stderr[-2000:]
+
+
+def test_the_rollout_overhead_benchmark_prints_no_ratio_when_the_engine_is_unreachable():
+    dead = f"http://127.0.0.1:{free_port()}"
+    result = subprocess.run([sys.executable, "bench/rollout_overhead.py", "--rounds", "1", "--steps", "2",
+                             "--vllm-url", dead], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr[-2000:]
+    assert "vime/direct" not in result.stdout
+    failure = [line for line in result.stderr.splitlines() if line.startswith("rollout_overhead: FAILED")]
+    assert failure and "cannot reach vLLM" in failure[0], result.stderr[-2000:]
+
+
+@pytest.mark.vllm
+def test_the_rollout_overhead_benchmark_compares_a_quickstart_step_with_the_same_requests_sent_direct(
+        training_server, tmp_path):
+    """One round: the quickstart for 2 steps on the suite's training server (it takes weight
+    syncs), then step 1's 64 requests again, straight to it."""
+    result = subprocess.run([sys.executable, "bench/rollout_overhead.py", "--rounds", "1", "--steps", "2",
+                             "--vllm-url", training_server.url, "--out", str(tmp_path / "out")],
+                            capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-2000:]
+    assert re.search(r"vime rollout phase \(median of 1 steps\): \d+\.\d\d s", result.stdout), result.stdout
+    assert re.search(r"direct, same requests \(median of 1 batches\): \d+\.\d\d s", result.stdout), result.stdout
+    assert re.search(r"rollout_overhead: vime/direct \d+\.\d\dx \(goal <= 1\.3x: (met|missed)\)", result.stdout)

@@ -45,6 +45,28 @@ def test_the_held_out_prompts_are_none_of_the_training_prompts_and_eval_interval
     assert eval_flags([], tmp_path) == []
 
 
+async def test_the_second_toy_task_rewards_capitals_in_turn_over_32_positions(tiny_model_dir):
+    """bench/toy_vs_trl.py's 32-token task: alternation of capital / no capital between adjacent
+    tokens, over 31 pairs whatever the response's length (a short one cannot score high)."""
+    from types import SimpleNamespace
+
+    from examples.quickstart.reward import LONG_RESPONSE, _has_capital, alternating_capitals
+
+    table = _has_capital(str(tiny_model_dir))
+    cap, low = table.index(True), table.index(False)
+    args = SimpleNamespace(hf_checkpoint=str(tiny_model_dir))
+
+    async def score(response: list[int]) -> float:
+        return await alternating_capitals(args, SimpleNamespace(tokens=[low, low, *response],
+                                                                response_length=len(response)))
+
+    assert await score([cap, low] * 16) == 1.0
+    assert await score([cap, low] * 20) == 1.0, "positions past 32 are not counted"
+    assert await score([cap] * 32) == 0.0
+    assert await score([cap, low] * 4) == 7 / (LONG_RESPONSE - 1), "a short response's missing pairs count as broken"
+    assert await score([]) == 0.0
+
+
 @pytest.mark.vllm
 def test_the_quickstart_raises_mean_reward_to_0_9_within_10_minutes(training_server, tmp_path):
     run_dir = tmp_path / "quickstart"

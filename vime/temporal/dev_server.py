@@ -57,6 +57,13 @@ loss can lose the last transactions, which Temporal's retries and vime's idempot
 redo."""
 
 
+DYNAMIC_CONFIG = ("matching.numTaskqueueReadPartitions=1", "matching.numTaskqueueWritePartitions=1")
+"""One partition per task queue (Temporal's default is 4, for throughput a cluster needs): on one
+machine a few pollers serve a queue, and a task added to a partition no poll waits on is
+forwarded, or waits, before it reaches one; with one partition every poll sees every task.
+Measured with the rollout worker's pollers (`workers.rollout`) in docs/performance.md."""
+
+
 class TemporalDevServer:
     """`temporal server start-dev` as a subprocess; `address` is what clients connect to."""
 
@@ -93,6 +100,7 @@ class TemporalDevServer:
             "--port", str(self.port),
             "--log-level", "warn",
             *[arg for pragma in SQLITE_PRAGMAS for arg in ("--sqlite-pragma", pragma)],
+            *[arg for value in DYNAMIC_CONFIG for arg in ("--dynamic-config-value", value)],
         ]
         if self.namespace != "default":  # "default" always exists; others are created at launch
             cmd += ["--namespace", self.namespace]
