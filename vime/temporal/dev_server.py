@@ -57,11 +57,13 @@ loss can lose the last transactions, which Temporal's retries and vime's idempot
 redo."""
 
 
-DYNAMIC_CONFIG = ("matching.numTaskqueueReadPartitions=1", "matching.numTaskqueueWritePartitions=1")
-"""One partition per task queue (Temporal's default is 4, for throughput a cluster needs): on one
-machine a few pollers serve a queue, and a task added to a partition no poll waits on is
-forwarded, or waits, before it reaches one; with one partition every poll sees every task.
-Measured with the rollout worker's pollers (`workers.rollout`) in docs/performance.md."""
+DYNAMIC_CONFIG = ("matching.numTaskqueueWritePartitions=1",)
+"""New tasks go to one partition of their queue (Temporal's default spreads them over 4, for the
+throughput a cluster needs): on one machine a few pollers serve a queue, and a task added to a
+partition no poll waits on is forwarded, or waits, before it reaches one. Reads keep Temporal's
+4 partitions, so a run directory whose `temporal.db` holds tasks written under the old spread
+(a run resumed across this change) still has every task read. Measured with the rollout worker's
+pollers (`workers.rollout`) in docs/performance.md."""
 
 
 class TemporalDevServer:
