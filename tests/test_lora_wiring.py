@@ -12,7 +12,11 @@ import pytest
 from vime.engine.model_fleets import model_fleets
 from vime.engine.topology import topology_of
 from vime.engine.weight_sync import lora_serving
-from vime.engine.weight_sync.lora_serving import lora_modules_args, lora_server_args, without_lora_modules
+from vime.engine.weight_sync.lora_serving import (adapter_name, lora_modules_args, lora_server_args,
+                                                  version_of, without_lora_modules)
+from vime.rollout.generate import adapter_versions, current_adapter, serving_adapter
+from vime.rollout.policy_check import sampled_versions
+from vime.types import Sample
 
 
 def test_server_flags_for_a_rank_and_only_those_the_user_left_unset():
@@ -39,6 +43,29 @@ def test_the_launcher_starts_a_lora_runs_policy_servers_with_lora(tmp_path):
     assert "--enable-lora" in cmd and cmd[cmd.index("--max-lora-rank") + 1] == "8"
     assert [cmd[i + 1] for i, a in enumerate(cmd) if a == "--max-loras"] == ["3"]  # the user's, once
     assert server.environment()["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+
+
+def test_rollouts_request_the_groups_adapter_and_report_its_version():
+    lora = SimpleNamespace(lora_rank=8)
+    assert current_adapter() is None
+    with serving_adapter(lora, "run", 3) as name:
+        assert name == adapter_name("run", 3) == "run-v3" and version_of(name) == 3
+
+        async def inner():  # tasks started inside see it too
+            return current_adapter()
+        assert asyncio.run(inner()) == "run-v3"
+    assert current_adapter() is None
+    with serving_adapter(lora, "run", 0) as name:
+        assert name is None  # version 0: the base model (a fresh adapter is zero)
+    with serving_adapter(SimpleNamespace(lora_rank=0), "run", 3) as name:
+        assert name is None
+    with serving_adapter(SimpleNamespace(lora_rank=8, rollout_env="tool_use"), "run", 3) as name:
+        assert name is None  # another environment does not name the adapter: its run syncs merged weights
+    spans = [{"version": "default", "start": 0, "end": 8}]
+    sample = Sample(weight_versions=adapter_versions(spans, "run-v3"))
+    assert sampled_versions(sample) == [3] and sample.weight_versions[0]["adapter"] == "run-v3"
+    assert adapter_versions(spans, None) == spans
+    assert version_of("my-run-v12") == 12 and version_of("Qwen") is None
 
 
 def test_a_restarted_server_boots_with_the_live_adapters(tmp_path):
@@ -99,3 +126,14 @@ async def test_a_lora_runs_restarted_server_is_started_with_the_live_adapters(tm
     assert back.model == "base-model"
     assert back.server_args == ["--enable-lora", "--lora-modules", f"run-v2={tmp_path / 'run-v2'}"]
     assert "weight version 2" in lines[-1]
+
+
+def test_only_the_default_rollout_path_syncs_the_adapter(tiny_model_dir):
+    from vime.config.args import parse_args
+    from vime.engine.weight_sync.lora_serving import adapter_sync
+
+    base = ["--hf-checkpoint", str(tiny_model_dir)]
+    assert not adapter_sync(parse_args(base))
+    assert adapter_sync(parse_args([*base, "--lora-rank", "8"]))
+    assert not adapter_sync(parse_args([*base, "--lora-rank", "8", "--rollout-function-path", "my.rollout"]))
+    assert not adapter_sync(SimpleNamespace(lora_rank=8, rollout_env="tool_use"))

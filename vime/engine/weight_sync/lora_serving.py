@@ -23,6 +23,7 @@ RUNTIME_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
 LIVE_FILE = "lora-live.json"
 ADAPTERS_DIR = "lora-adapters"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's choices for --max-lora-rank
+DEFAULT_ROLLOUT_FUNCTION = "vime.rollout.vllm_rollout.generate_rollout"  # vime.config.resolve's, without its imports
 MAX_LORAS = 2  # adapters in one batch: a group's version and the one after it, around a sync
 
 
@@ -109,13 +110,16 @@ def adapters_dir(run_dir: str | Path, run: str) -> Path:
 
 def adapter_sync(args: Any) -> bool:
     """Whether a run syncs only its adapter: `--lora-rank` > 0 on the default rollout path
-    (`--rollout-env groups`, no `--rollout-function-path`), whose groups request their version's
-    adapter. Other environments and whole-step rollout functions do not name the adapter yet, so
-    a LoRA run of theirs syncs the merged weights, as before."""
+    (`--rollout-env groups` with vime's own rollout and eval functions, not `--fully-async`), whose
+    groups request their version's adapter. Other environments and custom whole-step functions do
+    not name the adapter yet, so a LoRA run of theirs syncs the merged weights, as before."""
+    default = [None, DEFAULT_ROLLOUT_FUNCTION]
     return (int(getattr(args, "lora_rank", 0) or 0) > 0
             and getattr(args, "rollout_env", "groups") == "groups"
             and getattr(args, "rollout_workflow", None) in (None, "RolloutWorkflow")
-            and not getattr(args, "rollout_function_path", None))
+            and getattr(args, "rollout_function_path", None) in default
+            and getattr(args, "eval_function_path", None) in default
+            and not getattr(args, "fully_async", False))
 
 
 def remove(run_dir: str | Path) -> None:
