@@ -43,3 +43,31 @@ def test_a_lora_run_syncs_only_the_adapter_and_samples_it_on_policy(tiny_model_d
         run.assert_nothing_left()
     finally:
         run.kill_all()
+
+
+def test_a_lora_runs_restarted_server_serves_the_current_adapter(tiny_model_dir, tmp_path):
+    """kill -9 of the vLLM server after step 1: the supervisor starts it again with the run's live
+    adapters (`--lora-modules`), so the groups sampled there request `<run>-v<k>` and get it; every
+    trained sample is still of its step's version."""
+    import os
+    import signal
+
+    steps = 4
+    run = TrainRun(tmp_path, tiny_model_dir, "--lora-rank", "8", "--vllm-max-model-len", "512",
+                   "--rm-type", "random", "--lr", "1e-3", steps=steps, groups=2, n=2)
+    try:
+        run.start()
+        run.wait_for_step(2, timeout=300)
+        os.kill(run.pid("vllm"), signal.SIGKILL)
+        run.wait_for(lambda: "is back at" in run.output(), 300, "the restarted vLLM server")
+        assert run.wait(timeout=600) == 0, run.tail()
+        back = [line for line in run.output().splitlines() if "is back at" in line]
+        assert "serving weight version" in back[0], back
+        log = (run.run_dir / "vllm-0.log").read_text()
+        assert f"LoRAModulePath(name='{run.run_id}-v" in log, log[-3000:]  # vLLM's args: --lora-modules at boot
+        run.assert_trained_exactly_once()
+        seen = run.assert_on_policy()
+        assert seen == {k: {k} for k in range(steps)}, seen
+        print("restart:", back[0])
+    finally:
+        run.kill_all()
