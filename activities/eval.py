@@ -25,6 +25,7 @@ from vime.plugins import call_hook_async, load_hook
 from vime.rollout.data_source import make_data_source
 from vime.rollout.eval_data import eval_dataset, eval_prompt_group, eval_rollout_id, eval_set_args, eval_sets
 from vime.rollout.eval_metrics import ScoredSample, round_metrics
+from vime.rollout.generate import serving_adapter
 from vime.rollout.group import run_group
 from vime.rollout.policy_check import check_one_version
 from vime.rollout.rewards import reward_value
@@ -86,7 +87,8 @@ class EvalActivities:
         if activity.in_activity():
             watch_hooks(activity.client())
         async with heartbeating():
-            results = await run_group(set_args, group, evaluation=True)
+            with serving_adapter(args, inp.run_id, inp.weight_version):  # a LoRA run: the round's adapter
+                results = await run_group(set_args, group, evaluation=True)
             await self.rollouts.retry_if_infra(args, results, f"eval group {inp.eval_set}/{inp.position}")
         # the SDK's store: exactly the round's version (else sampled again), stored as the round's eval samples
         return await store_group(self.store, inp, dict(zip(ids, results)), preview=True)

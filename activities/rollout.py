@@ -39,7 +39,7 @@ from vime.engine.health import wait_until_healthy
 from vime.plugins import call_hook_async, load_hook
 from vime.rollout.data_source import make_data_source
 from vime.rollout.filters import apply_dynamic_filter
-from vime.rollout.generate import router_url
+from vime.rollout.generate import router_url, serving_adapter
 from vime.rollout.group import run_group
 from vime.rollout.phase_times import collecting, timed
 from vime.rollout.policy_check import check_on_policy
@@ -123,7 +123,8 @@ class RolloutActivities:
         t1 = time.perf_counter()
         times["context"] = t1 - t0
         async with heartbeating():
-            results = await run_group(args, group, evaluation=inp.evaluation)
+            with serving_adapter(args, inp.run_id, inp.weight_version):  # a LoRA run: the group's adapter
+                results = await run_group(args, group, evaluation=inp.evaluation)
             times["run_group"] = time.perf_counter() - t1
             await self.retry_if_infra(args, results, f"group {inp.position}")
         check_on_policy((s for r in results for s in r), inp.weight_version, f"group {inp.position} of step {inp.step}")
@@ -153,7 +154,8 @@ class RolloutActivities:
         source = make_data_source(args)
         source.load_state_dict({"position": inp.position})
         async with heartbeating():
-            groups = await call_hook_async(fn, args, inp.step, source, evaluation=False)
+            with serving_adapter(args, inp.run_id, inp.weight_version):
+                groups = await call_hook_async(fn, args, inp.step, source, evaluation=False)
             await self.retry_if_infra(args, [list(g) for g in groups], f"rollout step {inp.step}")
         check_on_policy((s for g in groups for s in g), inp.weight_version, f"rollout step {inp.step}")
         outputs = []

@@ -26,7 +26,7 @@ from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from vime.temporal.retry import final_config_errors
 from vime.temporal.heartbeat import heartbeating
 from vime.temporal.store_calls import store_call
-from vime.engine.weight_sync import live_weights
+from vime.engine.weight_sync import live_weights, lora_serving
 from vime.engine.health import wait_until_healthy
 from vime.engine.weight_sync.sync import WeightSync
 from vime.engine.weight_sync.checkpoint_load import engine_urls
@@ -67,6 +67,7 @@ class TrainerActivities:
         self._verify_atol = verify_atol
         self._lock = asyncio.Lock()  # one collective command at a time
         self._sync: WeightSync | None = None
+        self._adapter_sync = None  # a LoRA run's AdapterSync (vime.engine.weight_sync.adapter)
         self._lease: tuple[str, float] | None = None  # (run id, time.monotonic() it expires)
 
     def verify_tolerance(self) -> tuple[float, float]:
@@ -139,6 +140,8 @@ class TrainerActivities:
 
     async def _sync_weights(self, inp: SyncInput) -> dict:
         urls = list(inp.engine_urls) or engine_urls(self.group.args)
+        if lora_serving.adapter_sync(self.group.args):
+            return await self._sync_adapter(inp, urls)
         weights, probe, expected = await self._run("state_dict_and_probe")
         if self._sync is None or self._sync.urls != urls:
             self._sync = weight_sync_for(self.group.args, urls)
@@ -161,6 +164,46 @@ class TrainerActivities:
                         raise  # the servers answer, so this is not a restart: report it
                     log.warning("sync.retry", error=str(e)[:300])
         return {**dataclasses.asdict(report), "probe_max_abs_diff": worst}
+
+    async def _sync_adapter(self, inp: SyncInput, urls: list[str]) -> dict:
+        """A LoRA run: only the adapter moves (`AdapterSync`), loaded on every server as
+        `<run>-v<version>`, which the run's rollouts of that version request; the probe is checked
+        against that name. The versions a group may still sample under (`--max-staleness` + 1) stay
+        loaded; they are the live adapters a restarted server boots with."""
+        from vime.engine.weight_sync.adapter import AdapterSync
+
+        args = self.group.args
+        run = inp.run_id or (self._lease[0] if self._lease else "run")
+        adapter, config, probe, expected, full_bytes = await self._run("adapter_and_probe")
+        sync = self._adapter_sync
+        if sync is None or sync.urls != urls or sync.run != run:
+            if sync is not None:
+                await sync.__aexit__(None, None, None)
+            keep = int(getattr(args, "max_staleness", 0) or 0) + 1
+            sync = self._adapter_sync = await AdapterSync(urls, run, lora_serving.adapters_dir(args.run_dir, run),
+                                                          keep=keep).__aenter__()
+        deadline = time.monotonic() + SYNC_WAIT_S
+        failed_while_up = 0
+        async with heartbeating():
+            while True:
+                await self._wait_for(urls, deadline)
+                try:
+                    report = await sync.sync(adapter, config, inp.weight_version)
+                    atol, rtol = self.verify_tolerance()
+                    worst = max([await verify_sync(url, probe, expected, atol=atol, rtol=rtol, model=report.name)
+                                 for url in urls])
+                    break
+                except ServiceError as e:
+                    if all([await wait_until_healthy(u, 1.0) for u in urls]):
+                        failed_while_up += 1
+                    if time.monotonic() > deadline or failed_while_up > 1:
+                        raise
+                    log.warning("sync.retry", error=str(e)[:300])
+        lora_serving.publish(args.run_dir, inp.weight_version, sync.adapters())
+        log.info("sync.adapter", name=report.name, bytes=report.bytes, full_bytes=full_bytes,
+                 seconds=round(report.seconds, 4), probe_max_abs_diff=worst)
+        return {**dataclasses.asdict(report), "wire_bytes": report.bytes, "full_bytes": full_bytes,
+                "adapter": report.name, "probe_max_abs_diff": worst}
 
     async def _wait_for(self, urls: list[str], deadline: float) -> None:
         for url in urls:

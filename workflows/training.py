@@ -179,7 +179,7 @@ class TrainingWorkflow:
                            rollout_wait_seconds=t1 - t0, train_phase_seconds=t2 - t1,
                            sync_seconds=workflow.time() - t2, sync_pause_seconds=sync.get("pause_seconds", 0.0),
                            finished_at=workflow.now().timestamp(),
-                           **{f"sync_{k}": sync[k] for k in ("wire_bytes", "changed", "total", "held") if k in sync},
+                           **{f"sync_{k}": sync[k] for k in ("wire_bytes", "full_bytes", "changed", "total", "held") if k in sync},
                            **evaluated)
             await self.beside.record(step, metrics)
             if cfg.save and (self.state.step % (cfg.save_interval or cfg.num_rollout) == 0

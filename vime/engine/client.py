@@ -194,11 +194,13 @@ class EngineClient:
         *,
         session_id: str | None = None,
         request_id: str | None = None,
+        model: str | None = None,
     ) -> GenerateOutput:
         """Sample one continuation of `token_ids`; see `generate_n` for several."""
         params = dict(sampling_params or {})
         params["n"] = 1
-        return (await self.generate_n(token_ids, params, session_id=session_id, request_id=request_id))[0]
+        return (await self.generate_n(token_ids, params, session_id=session_id, request_id=request_id,
+                                      model=model))[0]
 
     async def generate_n(
         self,
@@ -207,7 +209,9 @@ class EngineClient:
         *,
         session_id: str | None = None,
         request_id: str | None = None,
+        model: str | None = None,
     ) -> list[GenerateOutput]:
+        """`model`: the served name to sample from (a LoRA adapter's), else the client's `model`."""
         if not token_ids:
             raise ValueError("EngineClient.generate: token_ids is empty; render the prompt first")
         params = dict(sampling_params or {})
@@ -215,8 +219,8 @@ class EngineClient:
         params.setdefault("stream_interval", STREAM_INTERVAL)
         payload: dict[str, Any] = {"token_ids": [int(t) for t in token_ids], "sampling_params": params,
                                    "stream": True}
-        if self.model:
-            payload["model"] = self.model
+        if model or self.model:
+            payload["model"] = model or self.model
         if request_id:
             payload["request_id"] = request_id
         body = await self.stream_json(GENERATE_ROUTE, payload, headers=session_headers(session_id))

@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vime.engine.weight_sync import live_weights
+from vime.engine.weight_sync import live_weights, lora_serving
 from vime.engine.server import VLLMServer
 from vime.errors import ServiceError
 from vime.log import get_logger
@@ -153,8 +153,16 @@ class EngineFleet:
         live = live_weights.current(self.run_dir) if self.follows_training else None
         model = str(live[0]) if live else old.model
         server = old.relaunch(model)
+        adapters = lora_serving.current(self.run_dir) if self.follows_training else None
+        if adapters is not None and adapters["adapters"]:
+            # a LoRA run: the server boots with the adapters the others hold (the run's current
+            # version and those kept for groups still sampling), before it answers any request
+            server.server_args = (lora_serving.without_lora_modules(server.server_args)
+                                  + lora_serving.lora_modules_args(adapters))
         slot.server = server
         server.start().wait_healthy(RESTART_TIMEOUT_S)
+        if adapters is not None and adapters["adapters"]:
+            return int(adapters["version"])
         if live is not None and _weight_label(server.url) in (live_weights.BASE_VERSION, None):
             # Label the live weights only while no sync has reached the server since it booted:
             # the trainer's sync (it waits for the server) may land first, and lowering its

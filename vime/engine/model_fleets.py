@@ -15,6 +15,7 @@ from pathlib import Path
 from vime.engine.fleet import EngineFleet
 from vime.engine.server import VLLMServer
 from vime.engine.topology import ServedModel, Topology
+from vime.engine.weight_sync.lora_serving import RUNTIME_LORA_ENV, lora_server_args
 from vime.engine.weight_sync.protocol import weight_sync_server_args
 
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
@@ -76,15 +77,17 @@ class ModelFleets:
 
 
 def model_fleets(topology: Topology, *, run_server_args: list[str], router_args: list[str],
-                 run_dir: Path, sync_engine: str = "file") -> ModelFleets:
+                 run_dir: Path, sync_engine: str = "file", lora_rank: int = 0) -> ModelFleets:
     """Fleets (not started) for every model of `topology`; the policy's servers load the weight-
-    transfer engine `sync_engine` (`--weight-sync-engine`). Logs: `vllm-<i>.log` and `router.log`
+    transfer engine `sync_engine` (`--weight-sync-engine`) and, for a run training a rank-`lora_rank`
+    adapter (`--lora-rank`), serve LoRA adapters loaded at run time (`lora_server_args`, unless the
+    user set those flags, and `RUNTIME_LORA_ENV`). Logs: `vllm-<i>.log` and `router.log`
     for a topology of one model (as without `--vllm-config`), `vllm-<model>-<i>.log` and
     `router-<model>.log` for several."""
     several = len(topology.models) > 1
     cores = core_sets(sum(m.num_servers for m in topology.models))
     sync_args = weight_sync_server_args(sync_engine)
-    fleets = {m.name: _fleet(m, several, run_server_args, router_args, run_dir, cores, sync_args)
+    fleets = {m.name: _fleet(m, several, run_server_args, router_args, run_dir, cores, sync_args, lora_rank)
               for m in topology.models}
     return ModelFleets(fleets, topology.rollout_model.name, topology.policy is not None)
 
@@ -108,18 +111,22 @@ def core_sets(servers: int, cores: int | None = None) -> list[dict[str, str]]:
 
 
 def _fleet(model: ServedModel, several: bool, run_server_args: list[str], router_args: list[str],
-           run_dir: Path, cores: list[dict[str, str]], sync_args: list[str]) -> EngineFleet:
+           run_dir: Path, cores: list[dict[str, str]], sync_args: list[str], lora_rank: int = 0) -> EngineFleet:
     stem = f"vllm-{model.name}" if several else "vllm"
     base = (sync_args if model.update_weights else []) + list(run_server_args)
+    lora = lora_rank > 0 and model.update_weights
     servers: dict[str, list[VLLMServer]] = {"regular": [], "prefill": [], "decode": []}
     index = 0
     for group in model.groups:
         if not group.starts_servers:
             continue
         for _ in range(group.num_servers):
+            args = base + group.server_args
+            if lora:
+                args = args + lora_server_args(lora_rank, args)
             servers[group.worker_type].append(VLLMServer(
-                model.model_path, server_args=base + group.server_args, log_path=run_dir / f"{stem}-{index}.log",
-                run_dir=run_dir, env=cores.pop(0)))
+                model.model_path, server_args=args, log_path=run_dir / f"{stem}-{index}.log",
+                run_dir=run_dir, env={**cores.pop(0), **(RUNTIME_LORA_ENV if lora else {})}))
             index += 1
     every = servers["regular"] + servers["prefill"] + servers["decode"]
     router = None

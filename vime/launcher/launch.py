@@ -37,7 +37,7 @@ from temporalio.common import WorkflowIDConflictPolicy, WorkflowIDReusePolicy
 from temporalio.service import RPCError, RPCStatusCode
 
 from vime.config.forward import CHECKED_ENV
-from vime.engine.weight_sync import live_weights
+from vime.engine.weight_sync import live_weights, lora_serving
 from vime.engine.model_fleets import ModelFleets, model_fleets
 from vime.engine.topology import topology_of
 from vime.errors import VimeError
@@ -87,7 +87,8 @@ def engines(args, run_dir: Path) -> Iterator[ModelFleets | ExternalEngines]:
         return
     topology = topology_of(args, check_overrides=False)  # checked when the flags were parsed
     fleets = model_fleets(topology, run_server_args=list(args.vllm_server_args), router_args=list(args.router_args),
-                          run_dir=run_dir, sync_engine=args.weight_sync_engine)
+                          run_dir=run_dir, sync_engine=args.weight_sync_engine,
+                          lora_rank=args.lora_rank if lora_serving.adapter_sync(args) else 0)
     for model in topology.models:
         log_path = fleets.fleets[model.name].slots[0].server.log_path
         if model.num_servers > 1:
@@ -228,10 +229,12 @@ class Launch:
             with SampleStore.open(args.store_url) as store:
                 store.ensure_run(args.run_id, stored_config(args))
             live_weights.remove(run_dir)
+            lora_serving.remove(run_dir)
             try:
                 return await self._serve()
             finally:
                 live_weights.remove(run_dir)
+                lora_serving.remove(run_dir)
                 remove_launch_info(run_dir)
 
     async def _serve(self) -> TrainingState:

@@ -13,11 +13,15 @@ batch): the sample comes back FAILED with the reason in `metadata["error"]`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import re
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 from vime.engine.client import EngineClient, EngineRequestError, GenerateOutput
+from vime.engine.weight_sync.lora_serving import adapter_name, adapter_sync, version_of
 from vime.errors import ConfigError
 from vime.rollout import tokenization
 from vime.rollout.phase_times import timed
@@ -25,10 +29,43 @@ from vime.types import Sample
 
 _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, EngineClient]] = weakref.WeakKeyDictionary()
 
+# The LoRA adapter the current rollout samples from (`serving_adapter`); None: the served model.
+_adapter: contextvars.ContextVar[str | None] = contextvars.ContextVar("vime_lora_adapter", default=None)
+
 _CONTEXT_ERROR = re.compile(
     r"maximum (context|model) length|max_model_len|longer than the maximum",
     re.IGNORECASE,
 )
+
+
+@contextlib.contextmanager
+def serving_adapter(args: Any, run_id: str, weight_version: int) -> Iterator[str | None]:
+    """Within it, `generate` (and every task started inside) samples a LoRA run's adapter of
+    `weight_version` (`<run>-v<version>`, loaded by the trainer's `AdapterSync`); version 0 is the
+    base model (a fresh adapter is zero). Nothing changes for a run without `--lora-rank`, or one
+    that syncs merged weights (`lora_serving.adapter_sync`)."""
+    name = adapter_name(run_id, weight_version) if adapter_sync(args) and int(weight_version) > 0 else None
+    token = _adapter.set(name)
+    try:
+        yield name
+    finally:
+        _adapter.reset(token)
+
+
+def current_adapter() -> str | None:
+    """The adapter name `generate` requests now (see `serving_adapter`), or None."""
+    return _adapter.get()
+
+
+def adapter_versions(spans: list[Any], adapter: str | None) -> list[Any]:
+    """vLLM's weight-version spans of a response sampled from `adapter`: with LoRA vLLM says
+    `default` (the base's version), so the version is the one in the adapter's name, which the
+    server serves or refuses (404), never another."""
+    version = version_of(adapter) if adapter else None
+    if version is None:
+        return list(spans)
+    return [{**span, "version": str(version), "adapter": adapter} if isinstance(span, dict) else str(version)
+            for span in spans]
 
 
 def router_url(args: Any) -> str:
@@ -143,7 +180,9 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any], e
         params["max_tokens"] = min(params["max_tokens"], limit - len(sample.tokens))
     try:
         with timed("http"):
-            output = await get_engine_client(args).generate(sample.tokens, params, session_id=sample.session_id)
+            adapter = current_adapter()
+            output = await get_engine_client(args).generate(sample.tokens, params, session_id=sample.session_id,
+                                                            **({"model": adapter} if adapter else {}))
     except EngineRequestError as exc:
         if exc.status == 400 and _CONTEXT_ERROR.search(exc.body):
             return fail(sample, f"vLLM rejected the context of {len(sample.tokens)} tokens: {exc.body[:300]}",
@@ -153,7 +192,7 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any], e
         tokenizer = tokenization.tokenizer_for(args)
         text = tokenizer.decode(output.token_ids, skip_special_tokens=bool(params.get("skip_special_tokens", False)))
     sample.append_response_tokens(output.token_ids, output.log_probs, loss_mask=1, text=text)
-    sample.weight_versions.extend(output.weight_versions)
+    sample.weight_versions.extend(adapter_versions(output.weight_versions, adapter))
     sample.status = status_of(output)
     sample.metadata["finish_reason"] = output.finish_reason
     return sample

@@ -29,8 +29,10 @@ class RecordingEngineClient(EngineClient):
         self.calls: list[EngineCall] = []
 
     async def generate(self, token_ids: list[int], sampling_params: dict[str, Any] | None = None, *,
-                       session_id: str | None = None, request_id: str | None = None) -> GenerateOutput:
-        out = await super().generate(token_ids, sampling_params, session_id=session_id, request_id=request_id)
+                       session_id: str | None = None, request_id: str | None = None,
+                       model: str | None = None) -> GenerateOutput:
+        out = await super().generate(token_ids, sampling_params, session_id=session_id, request_id=request_id,
+                                     model=model)
         self.calls.append(EngineCall(list(token_ids), dict(sampling_params or {}), session_id, out))
         return out
 

@@ -154,16 +154,31 @@ class TrainerGroup:
 
     def state_dict_and_probe(self) -> tuple[dict, list[int], list[float]]:
         """Full weights (rank 0) and the trainer's logprobs of a fixed probe sequence."""
+        weights = self.trainer.full_state_dict()
+        return (weights, *self._probe())
+
+    def adapter_and_probe(self) -> tuple[dict, dict, list[int], list[float], int]:
+        """A LoRA run's sync: the adapter (rank 0) and its peft config, the trainer's probe
+        logprobs (through the adapter), and the bytes of the full weights a full sync would move
+        (counted from the parameters' shapes, nothing gathered)."""
+        from vime.train.lora import adapter_config
+
+        adapter = self.trainer.adapter_state_dict()
+        config = adapter_config(self.trainer.lora, self.trainer.model_path)
+        full_bytes = sum(p.numel() * p.element_size() for n, p in self.trainer.model.named_parameters()
+                         if "lora_" not in n)
+        return (adapter, config, *self._probe(), int(full_bytes))
+
+    def _probe(self) -> tuple[list[int], list[float]]:
         import torch
 
-        weights = self.trainer.full_state_dict()
         vocab = self.trainer.model.config.vocab_size
         probe = [(7919 * i + 13) % vocab for i in range(PROBE_TOKENS)]
         ids = torch.tensor([probe], device=self.trainer.device)
         with torch.no_grad():
             logits = self.trainer.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
         expected = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0].tolist()
-        return weights, probe, expected
+        return probe, expected
 
     def save(self, root: str, state: dict) -> str | None:
         self._check_attached(state["run_id"])

@@ -32,16 +32,11 @@ from typing import Any
 import aiohttp
 import torch
 
+from vime.engine.weight_sync.lora_serving import RUNTIME_LORA_ENV, adapter_name  # noqa: F401 (re-exported)
 from vime.errors import ServiceError
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
-RUNTIME_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
-
-
-def adapter_name(run: str, version: int) -> str:
-    """The served name of a run's adapter at `version`: what its rollouts send as `model`."""
-    return f"{run}-v{int(version)}"
 
 
 @dataclass
@@ -77,12 +72,14 @@ def _json_default(value: Any) -> Any:
 class AdapterSync:
     """Loads a run's adapter versions into LoRA-enabled vLLM servers; `async with AdapterSync(...)`."""
 
-    def __init__(self, urls: str | Sequence[str], run: str, directory: str | Path, *, timeout: float = 120.0) -> None:
+    def __init__(self, urls: str | Sequence[str], run: str, directory: str | Path, *, timeout: float = 120.0,
+                 keep: int = 1) -> None:
         self.urls = [urls] if isinstance(urls, str) else list(urls)
         self.run = run
         self.directory = Path(directory)
         self.timeout = timeout
-        self.served: str | None = None  # the name loaded last
+        self.keep = max(1, int(keep))  # versions left loaded: a group started under an older one finishes on it
+        self.loaded: list[str] = []  # names loaded, oldest first
         self._http: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> AdapterSync:
@@ -110,15 +107,25 @@ class AdapterSync:
     async def sync(self, adapter: Mapping[str, torch.Tensor], config: Mapping[str, Any],
                    weight_version: int) -> AdapterSyncReport:
         """Write the adapter of `weight_version`, load it on every server under `adapter_name`,
-        then unload and delete the version served before."""
+        then unload and delete the versions older than the `keep` newest."""
         t0 = time.monotonic()
         name = adapter_name(self.run, weight_version)
         path = self.directory / name
         size = write_adapter(adapter, config, path)
         await asyncio.gather(*(self._load(url, name, path) for url in self.urls))
-        previous, self.served = self.served, name
-        if previous is not None and previous != name:
-            await asyncio.gather(*(self._post(url, "/v1/unload_lora_adapter", {"lora_name": previous})
+        self.loaded = [n for n in self.loaded if n != name] + [name]
+        while len(self.loaded) > self.keep:
+            old = self.loaded.pop(0)
+            await asyncio.gather(*(self._post(url, "/v1/unload_lora_adapter", {"lora_name": old})
                                    for url in self.urls))
-            shutil.rmtree(self.directory / previous, ignore_errors=True)
+            shutil.rmtree(self.directory / old, ignore_errors=True)
         return AdapterSyncReport(name, int(weight_version), size, time.monotonic() - t0, len(self.urls))
+
+    @property
+    def served(self) -> str | None:
+        """The name loaded last."""
+        return self.loaded[-1] if self.loaded else None
+
+    def adapters(self) -> dict[str, str]:
+        """`name -> directory` of every version loaded now (what a restarted server loads)."""
+        return {n: str(self.directory / n) for n in self.loaded}
