@@ -179,7 +179,7 @@ class TrainerActivities:
         if sync is None or sync.urls != urls or sync.run != run:
             if sync is not None:
                 await sync.__aexit__(None, None, None)
-            keep = int(getattr(args, "max_staleness", 0) or 0) + 1
+            keep = int(args.max_staleness or 0) + 1
             sync = self._adapter_sync = await AdapterSync(urls, run, lora_serving.adapters_dir(args.run_dir, run),
                                                           keep=keep).__aenter__()
         deadline = time.monotonic() + SYNC_WAIT_S

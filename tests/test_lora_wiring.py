@@ -5,7 +5,6 @@ restarted server boots with the live adapters."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 
@@ -45,8 +44,11 @@ def test_the_launcher_starts_a_lora_runs_policy_servers_with_lora(tmp_path):
     assert server.environment()["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
 
 
-def test_rollouts_request_the_groups_adapter_and_report_its_version():
-    lora = SimpleNamespace(lora_rank=8)
+def test_rollouts_request_the_groups_adapter_and_report_its_version(tiny_model_dir):
+    from vime.config.args import parse_args
+
+    base = ["--hf-checkpoint", str(tiny_model_dir)]
+    lora = parse_args([*base, "--lora-rank", "8"])
     assert current_adapter() is None
     with serving_adapter(lora, "run", 3) as name:
         assert name == adapter_name("run", 3) == "run-v3" and version_of(name) == 3
@@ -57,9 +59,9 @@ def test_rollouts_request_the_groups_adapter_and_report_its_version():
     assert current_adapter() is None
     with serving_adapter(lora, "run", 0) as name:
         assert name is None  # version 0: the base model (a fresh adapter is zero)
-    with serving_adapter(SimpleNamespace(lora_rank=0), "run", 3) as name:
+    with serving_adapter(parse_args(base), "run", 3) as name:
         assert name is None
-    with serving_adapter(SimpleNamespace(lora_rank=8, rollout_env="tool_use"), "run", 3) as name:
+    with serving_adapter(parse_args([*base, "--lora-rank", "8", "--rollout-env", "tool_use"]), "run", 3) as name:
         assert name is None  # another environment does not name the adapter: its run syncs merged weights
     spans = [{"version": "default", "start": 0, "end": 8}]
     sample = Sample(weight_versions=adapter_versions(spans, "run-v3"))
@@ -136,4 +138,4 @@ def test_only_the_default_rollout_path_syncs_the_adapter(tiny_model_dir):
     assert not adapter_sync(parse_args(base))
     assert adapter_sync(parse_args([*base, "--lora-rank", "8"]))
     assert not adapter_sync(parse_args([*base, "--lora-rank", "8", "--rollout-function-path", "my.rollout"]))
-    assert not adapter_sync(SimpleNamespace(lora_rank=8, rollout_env="tool_use"))
+    assert not adapter_sync(parse_args([*base, "--lora-rank", "8", "--rollout-env", "tool_use"]))

@@ -114,12 +114,12 @@ def adapter_sync(args: Any) -> bool:
     groups request their version's adapter. Other environments and custom whole-step functions do
     not name the adapter yet, so a LoRA run of theirs syncs the merged weights, as before."""
     default = [None, DEFAULT_ROLLOUT_FUNCTION]
-    return (int(getattr(args, "lora_rank", 0) or 0) > 0
-            and getattr(args, "rollout_env", "groups") == "groups"
-            and getattr(args, "rollout_workflow", None) in (None, "RolloutWorkflow")
-            and getattr(args, "rollout_function_path", None) in default
-            and getattr(args, "eval_function_path", None) in default
-            and not getattr(args, "fully_async", False))
+    return (int(args.lora_rank or 0) > 0
+            and args.rollout_env == "groups"
+            and args.rollout_workflow in (None, "RolloutWorkflow")
+            and args.rollout_function_path in default
+            and args.eval_function_path in default
+            and not args.fully_async)
 
 
 def remove(run_dir: str | Path) -> None:
