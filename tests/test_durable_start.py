@@ -74,8 +74,9 @@ def test_the_store_keeps_a_run_s_newest_checkpoint_and_the_first_finished_state(
 
 def test_vime_train_starts_vllm_beside_temporal_unless_the_store_recorded_the_run_s_end(tmp_path):
     """vLLM is the slowest part of a launch (three processes importing torch and vLLM), so a
-    launch starts it before its Temporal answers; a run the store says finished starts none
-    (Temporal's answer, the run's result, needs no server). `vime eval` keeps the old order:
+    launch starts it beside the Temporal dev server it starts; a run the store says finished
+    starts none (Temporal's answer, the run's result, needs no server), nor does a launch given a
+    Temporal address (connecting hides nothing, and a wrong address is refused first). `vime eval` keeps the old order:
     its end is known to its workflow only."""
     from vime.config.args import parse_args
     from vime.launcher.launch import Launch
@@ -90,6 +91,10 @@ def test_vime_train_starts_vllm_beside_temporal_unless_the_store_recorded_the_ru
         assert launch.starts_engines_early()
         store.record_finished("exp", {"step": 10})
     assert not launch.starts_engines_early()
+    given = Launch(parse_args(["--hf-checkpoint", str(tmp_path), "--prompt-data", str(tmp_path / "p.jsonl"),
+                               "--run-id", "new", "--store-url", store_url,
+                               "--temporal-address", "127.0.0.1:7233"]), checked=True)
+    assert not given.starts_engines_early()  # a Temporal we are given answers first (or is refused)
 
 
 def test_the_launcher_imports_neither_torch_nor_vllm():

@@ -260,8 +260,12 @@ class Launch:
         return state
 
     def starts_engines_early(self) -> bool:
-        """Whether the servers start before Temporal answers: yes unless the store recorded the
-        run's end (then Temporal's answer, the run's result, needs none)."""
+        """Whether the servers start beside the Temporal dev server this launch starts: yes unless
+        the store recorded the run's end (then Temporal's answer, the run's result, needs none).
+        Not beside a Temporal we are given (`--temporal-address`): connecting takes no time to
+        hide, and a wrong address is then refused before any server starts."""
+        if self.args.temporal_address:
+            return False
         with SampleStore.open(self.args.store_url) as store:
             return store.run_progress(self.args.run_id).finished is None
 
