@@ -147,22 +147,11 @@ class TrainerActivities:
             self._sync = weight_sync_for(self.group.args, urls)
         publish = functools.partial(live_weights.publish, run_dir=self.group.args.run_dir,
                                     base_checkpoint=self.group.args.hf_checkpoint)
-        deadline = time.monotonic() + SYNC_WAIT_S
-        failed_while_up = 0  # a server that came back needs its transfer engine set up again: one retry
-        async with heartbeating():
-            while True:
-                await self._wait_for(urls, deadline)
-                try:
-                    report = await self._sync.sync(weights, inp.weight_version, then=publish)
-                    atol, rtol = self.verify_tolerance()
-                    worst = max([await verify_sync(url, probe, expected, atol=atol, rtol=rtol) for url in urls])
-                    break
-                except ServiceError as e:
-                    if all([await wait_until_healthy(u, 1.0) for u in urls]):
-                        failed_while_up += 1
-                    if time.monotonic() > deadline or failed_while_up > 1:
-                        raise  # the servers answer, so this is not a restart: report it
-                    log.warning("sync.retry", error=str(e)[:300])
+
+        async def push():
+            report = await self._sync.sync(weights, inp.weight_version, then=publish)
+            return report, None
+        report, worst = await self._retry_sync(urls, push, probe, expected)
         return {**dataclasses.asdict(report), "probe_max_abs_diff": worst}
 
     async def _sync_adapter(self, inp: SyncInput, urls: list[str]) -> dict:
@@ -182,28 +171,39 @@ class TrainerActivities:
             keep = int(args.max_staleness or 0) + 1
             sync = self._adapter_sync = await AdapterSync(urls, run, lora_serving.adapters_dir(args.run_dir, run),
                                                           keep=keep).__aenter__()
+
+        async def push():
+            report = await sync.sync(adapter, config, inp.weight_version)
+            return report, report.name
+        report, worst = await self._retry_sync(urls, push, probe, expected)
+        lora_serving.publish(args.run_dir, inp.weight_version, sync.adapters())
+        log.info("sync.adapter", name=report.name, bytes=report.bytes, full_bytes=full_bytes,
+                 seconds=round(report.seconds, 4), probe_max_abs_diff=worst)
+        return {**dataclasses.asdict(report), "wire_bytes": report.bytes, "full_bytes": full_bytes,
+                "adapter": report.name, "probe_max_abs_diff": worst}
+
+    async def _retry_sync(self, urls: list[str], push, probe: list[int], expected: list[float]):
+        """Run `push()` (a sync; it returns its report and the served name to probe, None for the
+        base) and check every server's probe logprobs, until both succeed. A server down is waited
+        for (up to SYNC_WAIT_S); a failure while every server answers is retried once (a server that
+        came back needs its transfer engine set up again), then raised. Returns (report, worst)."""
         deadline = time.monotonic() + SYNC_WAIT_S
         failed_while_up = 0
         async with heartbeating():
             while True:
                 await self._wait_for(urls, deadline)
                 try:
-                    report = await sync.sync(adapter, config, inp.weight_version)
+                    report, name = await push()
                     atol, rtol = self.verify_tolerance()
-                    worst = max([await verify_sync(url, probe, expected, atol=atol, rtol=rtol, model=report.name)
+                    worst = max([await verify_sync(url, probe, expected, atol=atol, rtol=rtol, model=name)
                                  for url in urls])
-                    break
+                    return report, worst
                 except ServiceError as e:
                     if all([await wait_until_healthy(u, 1.0) for u in urls]):
                         failed_while_up += 1
                     if time.monotonic() > deadline or failed_while_up > 1:
-                        raise
+                        raise  # the servers answer, so this is not a restart: report it
                     log.warning("sync.retry", error=str(e)[:300])
-        lora_serving.publish(args.run_dir, inp.weight_version, sync.adapters())
-        log.info("sync.adapter", name=report.name, bytes=report.bytes, full_bytes=full_bytes,
-                 seconds=round(report.seconds, 4), probe_max_abs_diff=worst)
-        return {**dataclasses.asdict(report), "wire_bytes": report.bytes, "full_bytes": full_bytes,
-                "adapter": report.name, "probe_max_abs_diff": worst}
 
     async def _wait_for(self, urls: list[str], deadline: float) -> None:
         for url in urls:
