@@ -53,68 +53,96 @@ def weight_sync_for(args: Any, urls: list[str]) -> WeightSync:
 
 
 class TrainerActivities:
-    """The trainer's activities; a long-lived trainer is leased to one run at a time.
+    """The trainer's activities; a long-lived trainer is leased to one run at a time, or to up to
+    `max_runs` LoRA runs of one base model at once (`vime.train.tenants`).
 
-    `pick_trainer` leases this trainer to the asking run unless another run holds it: that run's
-    pick fails with `TrainerBusy` and Temporal retries it (the pending activity shows why in the
-    Web UI and `temporal workflow describe`) until the holder releases the trainer at its end, or
-    stops calling it for `LEASE_S` (a run terminated without releasing it).
+    `pick_trainer` leases this trainer to the asking run unless runs it cannot sit beside hold it:
+    that run's pick fails with `TrainerBusy` and Temporal retries it (the pending activity shows why
+    in the Web UI and `temporal workflow describe`) until a holder releases the trainer at its end,
+    or stops calling it for `LEASE_S` (a run terminated without releasing it).
+
+    Runs held together take turns: one command (a step, a sync, a save) runs at a time, and the
+    commands wait for it first come, first served. A run has at most one command in flight (its
+    workflow waits for each), so with N runs a command waits for at most N - 1 others: no run starves.
     """
 
-    def __init__(self, group: TrainerGroup, queue: str, *, verify_atol: float | None = None) -> None:
+    def __init__(self, group: TrainerGroup, queue: str, *, verify_atol: float | None = None,
+                 max_runs: int = 1) -> None:
         self.group = group
         self.queue = queue
+        self.max_runs = max(1, int(max_runs))
         self._verify_atol = verify_atol
-        self._lock = asyncio.Lock()  # one collective command at a time
+        self._lock = asyncio.Lock()  # one collective command at a time, FIFO
         self._sync: WeightSync | None = None
-        self._adapter_sync = None  # a LoRA run's AdapterSync (vime.engine.weight_sync.adapter)
-        self._lease: tuple[str, float] | None = None  # (run id, time.monotonic() it expires)
+        self._adapter_syncs: dict[str, Any] = {}  # each LoRA run's AdapterSync (vime.engine.weight_sync.adapter)
+        self._leases: dict[str, float] = {}  # run id -> time.monotonic() its lease expires
 
-    def verify_tolerance(self) -> tuple[float, float]:
+    @classmethod
+    def serving(cls, group: TrainerGroup, queue: str) -> TrainerActivities:
+        """The worker's activities: a long-lived trainer holds up to `--max-runs-per-trainer` runs."""
+        return cls(group, queue, max_runs=group.args.max_runs_per_trainer if group.shared else 1)
+
+    def verify_tolerance(self, run_id: str | None = None) -> tuple[float, float]:
         """`(atol, rtol)` for `verify_sync`: 1e-3 with fp32 on both sides; with a bf16 trainer or
         bf16 rollout servers (`vime.config.precision`) 5e-2 + 1% of each |logprob|: a token the trained
         policy gives logprob -23 is 0.05 off with the right weights (the bf16 quickstart)."""
         if self._verify_atol is not None:
             return self._verify_atol, 0.0
-        if self.group.trainer.dtype.itemsize == 4 and not self.group.args.low_precision_rollouts:
+        trainer = self.group._tenant(run_id).trainer
+        if trainer.dtype.itemsize == 4 and not self.group.args_of(run_id).low_precision_rollouts:
             return 1e-3, 0.0
         return 5e-2, 1e-2
 
     async def _run(self, name: str, *payload):
-        async with self._lock, heartbeating():
+        async with heartbeating(), self._lock:  # waiting for other runs' commands, heartbeating
             try:
                 return await asyncio.to_thread(self.group.call, name, *payload)
             except NotAttached as e:  # taken over by another run: the workflow attaches again
                 raise ApplicationError(str(e), type=WORKER_LOST) from None
 
-    def _hold(self, run_id: str) -> None:
-        """Lease the trainer to `run_id` (or renew its lease); `TrainerBusy` if another holds it."""
+    def holders(self) -> list[str]:
+        """The runs whose leases are live, oldest lease first."""
         now = time.monotonic()
-        if self._lease and self._lease[0] != run_id and self._lease[1] > now:
+        return [r for r, until in self._leases.items() if until > now]
+
+    def _hold(self, run_id: str) -> None:
+        """Lease the trainer to `run_id` (or renew its lease); `TrainerBusy` if runs it cannot sit
+        beside hold it, or `max_runs` runs do."""
+        others = [r for r in self.holders() if r != run_id]
+        if others and not (len(others) < self.max_runs and self.group.can_share([*others, run_id])):
+            why = (f"is training run {others[0]!r}" if len(others) == 1 else
+                   f"is training runs {', '.join(map(repr, others))}")
             raise ApplicationError(
-                f"trainer {socket.gethostname()}:{self.queue} is training run {self._lease[0]!r}; run {run_id!r} "
-                "waits for a free trainer (start another trainer worker to run both at once)", type=TRAINER_BUSY,
+                f"trainer {socket.gethostname()}:{self.queue} {why}; run {run_id!r} waits for a free trainer "
+                "(start another trainer worker to run both at once; LoRA runs of one base model share a "
+                "long-lived trainer)", type=TRAINER_BUSY,
                 category=ApplicationErrorCategory.BENIGN)  # expected: not a warning with a traceback per retry
-        self._lease = (run_id, now + LEASE_S)
+        self._leases.pop(run_id, None)
+        self._leases[run_id] = time.monotonic() + LEASE_S
 
     @activity.defn(name=PICK_TRAINER)
     async def pick_trainer(self, inp: PickInput | None = None) -> TrainerInfo:
         if inp is not None:  # a workflow recorded before leases picks without saying who it is
             self._hold(inp.run_id)
-        step = self.group.trainer.step if self.group.trainer is not None else 0
+        step = self.group.step_of(inp.run_id) if inp is not None else 0
         return TrainerInfo(self.queue, step, f"{socket.gethostname()}:{self.queue}")
 
     @activity.defn(name=RELEASE_TRAINER)
     async def release_trainer(self, run_id: str) -> None:
-        """The run ended: the trainer is free for the next one."""
-        if self._lease and self._lease[0] == run_id:
-            self._lease = None
+        """The run ended: its lease (and, for a LoRA tenant, its adapter) is freed for the next run."""
+        if self._leases.pop(run_id, None) is not None and run_id in self.group.tenants:
+            await self._run("release", run_id)
+        sync = self._adapter_syncs.pop(run_id, None)
+        if sync is not None:
+            await sync.__aexit__(None, None, None)
 
     @activity.defn(name=ATTACH_TRAINER)
     @final_config_errors
     async def attach_trainer(self, inp: AttachInput) -> int:
         self._hold(inp.run_id)
-        return await self._run("attach", inp.run_id, inp.step, inp.checkpoint)
+        step = await self._run("attach", inp.run_id, inp.step, inp.checkpoint)
+        log.info("trainer.attached", run_id=inp.run_id, step=step, held=sorted(self.group.tenants))
+        return step
 
     @activity.defn(name=TRAIN_STEP)
     @final_config_errors
@@ -135,23 +163,24 @@ class TrainerActivities:
         is tried again once the server answers. After a sync every server took, the pushed file
         becomes the run's live weights, which a restarted server boots from.
         """
-        with bound_contextvars(run_id=inp.run_id or (self._lease[0] if self._lease else None)):  # in every line
-            return await self._sync_weights(inp)
+        run_id = inp.run_id or next(iter(self.group.tenants), None)  # an old workflow's input names none
+        with bound_contextvars(run_id=run_id):  # in every line
+            return await self._sync_weights(dataclasses.replace(inp, run_id=run_id))
 
     async def _sync_weights(self, inp: SyncInput) -> dict:
-        urls = list(inp.engine_urls) or engine_urls(self.group.args)
-        if lora_serving.adapter_sync(self.group.args):
+        args = self.group.args_of(inp.run_id)
+        urls = list(inp.engine_urls) or engine_urls(args)
+        if lora_serving.adapter_sync(args):
             return await self._sync_adapter(inp, urls)
-        weights, probe, expected = await self._run("state_dict_and_probe")
+        weights, probe, expected = await self._run("state_dict_and_probe", inp.run_id)
         if self._sync is None or self._sync.urls != urls:
-            self._sync = weight_sync_for(self.group.args, urls)
-        publish = functools.partial(live_weights.publish, run_dir=self.group.args.run_dir,
-                                    base_checkpoint=self.group.args.hf_checkpoint)
+            self._sync = weight_sync_for(args, urls)
+        publish = functools.partial(live_weights.publish, run_dir=args.run_dir, base_checkpoint=args.hf_checkpoint)
 
         async def push():
             report = await self._sync.sync(weights, inp.weight_version, then=publish)
             return report, None
-        report, worst = await self._retry_sync(urls, push, probe, expected)
+        report, worst = await self._retry_sync(urls, push, probe, expected, inp.run_id)
         return {**dataclasses.asdict(report), "probe_max_abs_diff": worst}
 
     async def _sync_adapter(self, inp: SyncInput, urls: list[str]) -> dict:
@@ -161,28 +190,28 @@ class TrainerActivities:
         loaded; they are the live adapters a restarted server boots with."""
         from vime.engine.weight_sync.adapter import AdapterSync
 
-        args = self.group.args
-        run = inp.run_id or (self._lease[0] if self._lease else "run")
-        adapter, config, probe, expected, full_bytes = await self._run("adapter_and_probe")
-        sync = self._adapter_sync
-        if sync is None or sync.urls != urls or sync.run != run:
+        run = inp.run_id or "run"
+        args = self.group.args_of(inp.run_id)
+        adapter, config, probe, expected, full_bytes = await self._run("adapter_and_probe", inp.run_id)
+        sync = self._adapter_syncs.get(run)
+        if sync is None or sync.urls != urls:
             if sync is not None:
                 await sync.__aexit__(None, None, None)
             keep = int(args.max_staleness or 0) + 1
-            sync = self._adapter_sync = await AdapterSync(urls, run, lora_serving.adapters_dir(args.run_dir, run),
-                                                          keep=keep).__aenter__()
+            sync = self._adapter_syncs[run] = await AdapterSync(
+                urls, run, lora_serving.adapters_dir(args.run_dir, run), keep=keep).__aenter__()
 
         async def push():
             report = await sync.sync(adapter, config, inp.weight_version)
             return report, report.name
-        report, worst = await self._retry_sync(urls, push, probe, expected)
+        report, worst = await self._retry_sync(urls, push, probe, expected, inp.run_id)
         lora_serving.publish(args.run_dir, inp.weight_version, sync.adapters())
         log.info("sync.adapter", name=report.name, bytes=report.bytes, full_bytes=full_bytes,
                  seconds=round(report.seconds, 4), probe_max_abs_diff=worst)
         return {**dataclasses.asdict(report), "wire_bytes": report.bytes, "full_bytes": full_bytes,
                 "adapter": report.name, "probe_max_abs_diff": worst}
 
-    async def _retry_sync(self, urls: list[str], push, probe: list[int], expected: list[float]):
+    async def _retry_sync(self, urls: list[str], push, probe: list[int], expected: list[float], run_id: str | None):
         """Run `push()` (a sync; it returns its report and the served name to probe, None for the
         base) and check every server's probe logprobs, until both succeed. A server down is waited
         for (up to SYNC_WAIT_S); a failure while every server answers is retried once (a server that
@@ -194,7 +223,7 @@ class TrainerActivities:
                 await self._wait_for(urls, deadline)
                 try:
                     report, name = await push()
-                    atol, rtol = self.verify_tolerance()
+                    atol, rtol = self.verify_tolerance(run_id)
                     worst = max([await verify_sync(url, probe, expected, atol=atol, rtol=rtol, model=name)
                                  for url in urls])
                     return report, worst

@@ -99,6 +99,7 @@ EXERCISED = {
     "--heartbeat-timeout": "test_temporal_flags.py::test_heartbeat_timeout_is_the_heartbeat_timeout_of_the_trainer_activities_the_run_schedules",
     "--rollout-task-queue": "test_tool_use.py::test_a_rollout_worker_starting_removes_the_sandboxes_a_worker_killed_with_sigkill_left",
     "--trainer-task-queue": "test_cli.py::test_config_prints_the_workflow_input_that_temporal_decodes_as_the_run_s_numbers",
+    "--max-runs-per-trainer": "test_tenants.py::test_leases_let_lora_runs_of_one_base_in_together_up_to_the_bound_and_keep_others_waiting",
     "--weight-sync-engine": "test_weight_sync_run.py::test_a_run_syncs_two_servers_by_broadcast_and_sends_deltas_after_the_first",
     "--update-weight-mode": "test_weight_sync_run.py::test_a_run_syncs_two_servers_by_broadcast_and_sends_deltas_after_the_first",
     "--update-weight-buffer-size": "test_weight_sync_buckets.py::test_update_weight_buffer_size_is_the_bucket_the_collective_sync_broadcasts_in",

@@ -385,6 +385,7 @@ def test_the_store_keeps_a_run_s_latest_flags_and_config_and_creates_the_run(tmp
 
 class NoModel:
     trainer = None
+    tenants: dict = {}
 
 
 def test_a_trainer_serves_one_run_until_it_is_released_or_its_lease_runs_out():
@@ -396,7 +397,7 @@ def test_a_trainer_serves_one_run_until_it_is_released_or_its_lease_runs_out():
     with pytest.raises(ApplicationError, match="is training run 'a'; run 'b' waits") as busy:
         trainer._hold("b")
     assert busy.value.type == "TrainerBusy" and not busy.value.non_retryable  # Temporal retries the pick
-    trainer._lease = ("a", trainer._lease[1] - LEASE_S - 1)  # a run that stopped calling (terminated)
+    trainer._leases["a"] -= LEASE_S + 1  # a run that stopped calling (terminated)
     trainer._hold("b")
     asyncio.run(trainer.release_trainer("b"))  # run b ended
     trainer._hold("c")

@@ -32,10 +32,11 @@ from workers.common import announce, connect_from_args, run_until_signalled, run
 async def serve(args, group: TrainerGroup) -> None:
     client = await connect_from_args(args, "trainer")
     queue = f"{args.trainer_task_queue}-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
-    acts = TrainerActivities(group, queue)
+    acts = TrainerActivities.serving(group, queue)
     announcer = Worker(client, task_queue=args.trainer_task_queue, activities=[acts.pick_trainer],
                        build_id=code_build_id())
-    own = Worker(client, task_queue=queue, activities=acts.all(), max_concurrent_activities=4,
+    own = Worker(client, task_queue=queue, activities=acts.all(),
+                 max_concurrent_activities=acts.max_runs + 3,  # each held run's next command waits in turn
                  build_id=code_build_id())
     announce("trainer", [announcer, own], args)
     await run_until_signalled([announcer, own])

@@ -89,6 +89,9 @@ KEEP_NOTICES = 20
 T = TypeVar("T")
 
 
+SYNC_METRICS = ("wire_bytes", "full_bytes", "changed", "total", "held", "probe_max_abs_diff")  # `sync_<key>` per step
+
+
 @workflow.defn(name=TRAINING_WORKFLOW)
 class TrainingWorkflow:
     def __init__(self) -> None:
@@ -179,7 +182,7 @@ class TrainingWorkflow:
                            rollout_wait_seconds=t1 - t0, train_phase_seconds=t2 - t1,
                            sync_seconds=workflow.time() - t2, sync_pause_seconds=sync.get("pause_seconds", 0.0),
                            finished_at=workflow.now().timestamp(),
-                           **{f"sync_{k}": sync[k] for k in ("wire_bytes", "full_bytes", "changed", "total", "held") if k in sync},
+                           **{f"sync_{k}": sync[k] for k in SYNC_METRICS if k in sync},
                            **evaluated)
             await self.beside.record(step, metrics)
             if cfg.save and (self.state.step % (cfg.save_interval or cfg.num_rollout) == 0

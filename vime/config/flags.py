@@ -275,6 +275,11 @@ class VimeArgs:
     trainer_task_queue: str = _orchestration(
         "vime-trainer", "Queue where trainers announce themselves; each also serves its own queue."
     )
+    max_runs_per_trainer: int = _orchestration(
+        4, "A long-lived trainer (started with connections only) holds up to this many LoRA runs of one base "
+        "model at once: the base loaded once, each run its own adapter and optimizer state, their steps taken "
+        "in turn. Full fine-tunes and multi-rank trainers hold one run."
+    )
     heartbeat_timeout: float = _orchestration(
         60.0, "Seconds without a heartbeat before a worker counts as dead and its activity is retried "
         "(the trainer's, and a --rollout-function-path hook's; vime's rollout activities use at most 6 s, so a "

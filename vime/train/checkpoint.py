@@ -117,7 +117,7 @@ def load_checkpoint(trainer, path: str | Path) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                          set_optimizer_state_dict)
 
-    from vime.train.lora import ADAPTER_DIR, adapter_rank, load_adapter, trainer_adapter_keys
+    from vime.train.lora import ADAPTER_DIR, ADAPTER_NAME, adapter_rank, load_adapter, trainer_adapter_keys
 
     path = Path(path)
     if not (path / "state.json").exists():
@@ -126,7 +126,7 @@ def load_checkpoint(trainer, path: str | Path) -> dict[str, Any]:
     lora = getattr(trainer, "lora", None)
     if lora is not None and lora.enabled:
         # The base stays the run's --hf-checkpoint, frozen; only the adapter resumes.
-        adapter = trainer_adapter_keys(load_adapter(path / ADAPTER_DIR))
+        adapter = trainer_adapter_keys(load_adapter(path / ADAPTER_DIR), getattr(trainer, "adapter", ADAPTER_NAME))
         set_model_state_dict(trainer.model, adapter, options=StateDictOptions(full_state_dict=True, strict=False))
     else:
         if not (path / "model.safetensors").exists() and (path / ADAPTER_DIR).exists():

@@ -70,12 +70,12 @@ def adapter_config(config: LoraConfig, base_model: str | Path) -> dict[str, Any]
     return peft_config.to_dict()
 
 
-def wrap(model: torch.nn.Module, config: LoraConfig) -> torch.nn.Module:
-    """The HF model with a fresh adapter (lora_B zero: the policy starts as the base); only the
-    adapter's parameters require grad."""
+def wrap(model: torch.nn.Module, config: LoraConfig, adapter: str = ADAPTER_NAME) -> torch.nn.Module:
+    """The HF model with a fresh adapter named `adapter` (lora_B zero: the policy starts as the
+    base); only the adapter's parameters require grad."""
     from peft import get_peft_model
 
-    return get_peft_model(model, config.peft_config())
+    return get_peft_model(model, config.peft_config(), adapter_name=adapter)
 
 
 def decoder_layers(model: torch.nn.Module):
@@ -84,45 +84,54 @@ def decoder_layers(model: torch.nn.Module):
     return base.model.layers
 
 
-def _lora_key(key: str) -> tuple[str, str] | None:
-    """('<module path>', 'A' or 'B') for a peft lora weight key of the default adapter."""
+def _lora_key(key: str, adapter: str = ADAPTER_NAME) -> tuple[str, str] | None:
+    """('<module path>', 'A' or 'B') for a peft lora weight key of `adapter`."""
     for part in ("A", "B"):
-        tail = f".lora_{part}.{ADAPTER_NAME}.weight"
+        tail = f".lora_{part}.{adapter}.weight"
         if key.endswith(tail):
             return key[: -len(tail)], part
     return None
 
 
-def adapter_weights(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The adapter's tensors under the keys of peft's `adapter_model.safetensors`."""
+def is_adapter_key(key: str, adapter: str | None = None) -> bool:
+    """Whether `key` is a LoRA weight (of `adapter`, or of any adapter when None)."""
+    parts = key.split(".")
+    lora = any(p.startswith("lora_") for p in parts)
+    return lora and (adapter is None or adapter in parts)
+
+
+def adapter_weights(state: dict[str, torch.Tensor], adapter: str = ADAPTER_NAME) -> dict[str, torch.Tensor]:
+    """`adapter`'s tensors under the keys of peft's `adapter_model.safetensors`."""
     out = {}
     for key, value in state.items():
-        hit = _lora_key(key)
+        hit = _lora_key(key, adapter)
         if hit is not None:
             out[f"{hit[0]}.lora_{hit[1]}.weight"] = value.detach().contiguous()
     return out
 
 
-def trainer_adapter_keys(adapter: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """`adapter_weights`' inverse: file keys back to the trainer's (the adapter name put back)."""
+def trainer_adapter_keys(adapter: dict[str, torch.Tensor], name: str = ADAPTER_NAME) -> dict[str, torch.Tensor]:
+    """`adapter_weights`' inverse: file keys back to the trainer's (the adapter's `name` put back)."""
     out = {}
     for key, value in adapter.items():
         for part in ("A", "B"):
             tail = f".lora_{part}.weight"
             if key.endswith(tail):
-                out[f"{key[: -len(tail)]}.lora_{part}.{ADAPTER_NAME}.weight"] = value
+                out[f"{key[: -len(tail)]}.lora_{part}.{name}.weight"] = value
     return out
 
 
-def merged_weights(state: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
-    """HF weights with the adapter folded in: W + (B @ A) * scaling, names without peft's."""
+def merged_weights(state: dict[str, torch.Tensor], scaling: float,
+                   adapter: str = ADAPTER_NAME) -> dict[str, torch.Tensor]:
+    """HF weights with `adapter` folded in: W + (B @ A) * scaling, names without peft's (another
+    adapter of a shared base is left out)."""
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     base: dict[str, torch.Tensor] = {}
     for key, value in state.items():
-        hit = _lora_key(key)
+        hit = _lora_key(key, adapter)
         if hit is not None:
             pairs.setdefault(hit[0], {})[hit[1]] = value
-        else:
+        elif not is_adapter_key(key):
             base[key] = value
     out = {}
     for key, value in base.items():

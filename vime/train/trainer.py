@@ -23,7 +23,7 @@ from torch.distributed.fsdp import fully_shard
 from vime.train import distributed as dist_utils
 from vime.train.advantages import AdvantageConfig, Advantages, advantages_from_config
 from vime.train.batching import TrainSample, group_rollouts, pack, plan_micro_batches, prepare_step, split_into_steps
-from vime.train.lora import LoraConfig, adapter_weights, decoder_layers, merged_weights
+from vime.train.lora import ADAPTER_NAME, LoraConfig, adapter_weights, decoder_layers, is_adapter_key, merged_weights
 from vime.train.lora import wrap as lora_wrap
 from vime.train.losses import LossConfig, compute_loss, entropy_from_logits, kl_divergence, token_logprobs
 from vime.train.opd import OpdConfig, apply_opd, teacher_log_probs
@@ -100,20 +100,30 @@ class Trainer:
     wrapper at world size 1, for that comparison.
     """
 
-    def __init__(self, args: Any, model_path: str | None = None, *, shard: bool | None = None) -> None:
+    def __init__(self, args: Any, model_path: str | None = None, *, shard: bool | None = None,
+                 base: Any = None, adapter: str = ADAPTER_NAME) -> None:
+        """`base`: a long-lived trainer's `SharedBase` (`vime.train.tenants`): this run trains
+        its own adapter, named `adapter`, on it, and its reference policy is the base itself (the
+        adapter switched off: the same weights a separately loaded reference would hold)."""
         self.args = args
         self.device = dist_utils.init_distributed()
-        torch.manual_seed(args.seed)
         self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.model_path = model_path or args.hf_checkpoint
         self.sharded = dist_utils.world_size() > 1 if shard is None else shard
         self.lora = LoraConfig.from_args(args)
-        self.model = load_causal_lm(self.model_path, self.device, self.dtype, trainable=True,
-                                    gradient_checkpointing=args.gradient_checkpointing, lora=self.lora,
-                                    shard=self.sharded)
+        self.adapter = adapter
+        self.base = base
         needs_ref = args.use_kl_loss or args.kl_coef > 0
-        self.ref_model = (load_causal_lm(args.ref_load or args.hf_checkpoint, self.device,
-                                         self.dtype, trainable=False, shard=self.sharded) if needs_ref else None)
+        if base is not None:
+            self.model = base.add_adapter(adapter, self.lora, seed=args.seed)
+            self.ref_model = self.model if needs_ref else None
+        else:
+            torch.manual_seed(args.seed)
+            self.model = load_causal_lm(self.model_path, self.device, self.dtype, trainable=True,
+                                        gradient_checkpointing=args.gradient_checkpointing, lora=self.lora,
+                                        shard=self.sharded)
+            self.ref_model = (load_causal_lm(args.ref_load or args.hf_checkpoint, self.device,
+                                             self.dtype, trainable=False, shard=self.sharded) if needs_ref else None)
         self.optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=args.lr, betas=(args.adam_beta1, args.adam_beta2),
                                            weight_decay=args.weight_decay)
         total = (args.num_rollout or 1000) * max(1, self._optimizer_steps_per_rollout())
@@ -126,7 +136,10 @@ class Trainer:
         self.step = 0  # rollout steps applied to these weights
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
-        """What the optimizer updates: every weight, or with LoRA the adapter's only."""
+        """What the optimizer updates: every weight, or with LoRA the adapter's only (on a shared
+        base, this run's adapter's, whichever adapter is active now)."""
+        if self.base is not None:
+            return [p for n, p in self.model.named_parameters() if is_adapter_key(n, self.adapter)]
         return [p for p in self.model.parameters() if p.requires_grad]
 
     def _optimizer_steps_per_rollout(self) -> int:
@@ -154,8 +167,13 @@ class Trainer:
         return packed, lp, ent
 
     @torch.no_grad()
-    def _logprobs_of(self, model: torch.nn.Module, plan: list[list[list]]) -> dict[int, torch.Tensor]:
-        """Per-sample logprobs (keyed by id of the Sample) over this rank's share of `plan`."""
+    def _logprobs_of(self, model: torch.nn.Module, plan: list[list[list]], *,
+                     reference: bool = False) -> dict[int, torch.Tensor]:
+        """Per-sample logprobs (keyed by id of the Sample) over this rank's share of `plan`; with
+        `reference` on a shared base, the base's (the adapters switched off)."""
+        if reference and self.base is not None:
+            with model.disable_adapter():
+                return self._logprobs_of(model, plan)
         out: dict[int, torch.Tensor] = {}
         for step_plan in plan:
             for mb in step_plan[dist_utils.rank()]:
@@ -190,7 +208,7 @@ class Trainer:
         plan = [plan_micro_batches(items, world, self.budget) for items in shells]
         t_batched = time.monotonic()
 
-        ref_lp = self._logprobs_of(self.ref_model, plan) if self.ref_model is not None else {}
+        ref_lp = self._logprobs_of(self.ref_model, plan, reference=True) if self.ref_model is not None else {}
         old_lp = self._logprobs_of(self.model, plan) if len(steps) > 1 else {}
         t_logprobs = time.monotonic()
         kl = None
@@ -299,15 +317,19 @@ class Trainer:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         if not self.sharded:  # the unsharded model's own state dict would hold its live CPU parameters
-            return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()}
+            return {name: t.detach().to("cpu", copy=True) for name, t in self.model.state_dict().items()
+                    if not is_adapter_key(name) or is_adapter_key(name, self.adapter)}  # not another run's
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full (unsharded) weights on CPU with HF names; collective, the dict is filled on rank 0 only.
         With LoRA these are the merged weights (base + adapter), what the policy computes."""
         state = self._gathered_state_dict()
-        return merged_weights(state, self.lora.scaling) if self.lora.enabled and state else state
+        return merged_weights(state, self.lora.scaling, self.adapter) if self.lora.enabled and state else state
 
     def adapter_state_dict(self) -> dict[str, torch.Tensor]:
         """The LoRA adapter on CPU under peft's file keys; collective, filled on rank 0 only."""
-        return adapter_weights(self._gathered_state_dict())
+        if not self.sharded:  # only the adapter's few tensors are copied, not the base
+            return adapter_weights({n: p.detach().to("cpu", copy=True) for n, p in self.model.named_parameters()
+                                    if is_adapter_key(n, self.adapter)}, self.adapter)
+        return adapter_weights(self._gathered_state_dict(), self.adapter)

@@ -18,7 +18,8 @@ from vime.rollout.policy_check import stale_report
 from vime.store import SampleStore
 from vime.train import distributed as dist_utils
 from vime.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from vime.train.trainer import StepResult, Trainer
+from vime.train.tenants import SharedBase, Tenant, base_key, shares_base, tenant_trainer
+from vime.train.trainer import Trainer
 from vime.types import Sample
 
 log = get_logger(__name__)
@@ -60,9 +61,35 @@ class TrainerGroup:
         self.store = SampleStore.open(args.store_url)
         self.runs = runs(self.store)
         # A trainer started with a run's flags (a model) loads it now; a long-lived one, on attach.
-        self.trainer: Trainer | None = Trainer(args) if args.hf_checkpoint else None
-        self.run_id: str | None = None
-        self.results: dict[int, StepResult] = {}
+        self.preloaded: Trainer | None = Trainer(args) if args.hf_checkpoint else None
+        # A long-lived trainer holds LoRA runs of one base side by side (`vime.train.tenants`).
+        self.shared = not args.hf_checkpoint
+        self.base: SharedBase | None = None
+        self.tenants: dict[str, Tenant] = {}
+
+    @property
+    def trainer(self) -> Trainer | None:
+        """The trainer of the one run held (or loaded for the worker's own run), else None."""
+        if len(self.tenants) == 1:
+            return next(iter(self.tenants.values())).trainer
+        return self.preloaded if not self.tenants else None
+
+    def args_of(self, run_id: str | None) -> Any:
+        """The config of a held run (of the one held when `run_id` is None: an old workflow's call)."""
+        if run_id is None or run_id in self.tenants:
+            return self._tenant(run_id).args
+        return self.runs.args(run_id)
+
+    def step_of(self, run_id: str) -> int:
+        held = self.tenants.get(run_id)
+        return held.trainer.step if held is not None else 0
+
+    def can_share(self, run_ids: list[str]) -> bool:
+        """Whether these runs can be held side by side (LoRA runs of one base, `shares_base`)."""
+        if not self.shared:
+            return False
+        configs = [self.runs.args(r) for r in run_ids]
+        return all(shares_base(a) for a in configs) and len({base_key(a) for a in configs}) == 1
 
     # rank 0 entry point
     def call(self, name: str, *payload: Any) -> Any:
@@ -86,32 +113,65 @@ class TrainerGroup:
     # ---- commands ----------------------------------------------------------------------------
 
     def attach(self, run_id: str, step: int, checkpoint: str | None) -> int:
-        """Bring the weights to `step` (a checkpoint's, or the initial ones at 0); return the step.
+        """Bring the run's weights to `step` (a checkpoint's, or the initial ones at 0); return the step.
 
-        A trainer already at `step` of the same run keeps its state (the workflow re-attached
-        after a transient error); anything else reloads, and another run (of a long-lived trainer)
-        loads that run's model with that run's settings.
+        A run already held at `step` keeps its state (the workflow re-attached after a transient
+        error). Otherwise a LoRA run on a long-lived trainer becomes a tenant of the shared base (a
+        fresh adapter, then its checkpoint); any other run gets the whole trainer: what was held
+        is freed before its model loads (the worker's own run reuses the model loaded at start).
         """
         run_args = self.runs.args(run_id)
-        if self.run_id == run_id and run_args is self.args and self.trainer is not None and self.trainer.step == step:
+        held = self.tenants.get(run_id)
+        if held is not None and held.args is run_args and held.trainer.step == step:
             return step
-        fresh = self.trainer is None or run_args is not self.args  # another run's model and settings
-        if fresh:
-            self.args, self.trainer = run_args, None  # the old model is freed before the new one loads
-            self.trainer = Trainer(run_args)
-        if checkpoint:
-            load_checkpoint(self.trainer, checkpoint)
-        elif step != 0:
+        if not checkpoint and step != 0:
             raise ValueError(f"attach: step {step} without a checkpoint")
-        elif not fresh and (self.trainer.step != 0 or self.run_id not in (None, run_id)):
-            self.trainer = Trainer(self.args)
-        self.run_id = run_id
-        self.results.clear()
-        return self.trainer.step
+        if self.shared and shares_base(run_args):
+            tenant = self._join(run_id, run_args)
+        else:
+            tenant = Tenant(run_id, run_args, self._whole_trainer(run_id, run_args, checkpoint))
+        if checkpoint:
+            with tenant.active() as trainer:
+                load_checkpoint(trainer, checkpoint)
+        self.tenants[run_id] = tenant
+        return tenant.trainer.step
 
-    def _check_attached(self, run_id: str) -> None:
-        if self.trainer is None or self.run_id != run_id:
-            raise NotAttached(f"this trainer holds run {self.run_id!r}, not {run_id!r}: attach again")
+    def _join(self, run_id: str, run_args: Any) -> Tenant:
+        """A fresh tenant for the run on the shared base, which is loaded first if it is not the run's."""
+        if self.base is None or not self.base.fits(run_args) or any(t.trainer.base is None for t in self.tenants.values()):
+            self.tenants.clear()
+            self.base = None  # the old model is freed before the new one loads
+            self.base = SharedBase(run_args)
+        self.release(run_id)
+        return tenant_trainer(run_args, run_id, self.base)
+
+    def _whole_trainer(self, run_id: str, run_args: Any, checkpoint: str | None) -> Trainer:
+        """The run's own trainer: the one it held (or the worker's, loaded at start) when it has
+        the same config and is pristine or about to load a checkpoint, else a fresh one."""
+        keep = None
+        held = self.tenants.get(run_id)
+        if held is not None and held.args is run_args and held.trainer.base is None:
+            keep = held.trainer if checkpoint or held.trainer.step == 0 else None
+        elif not self.tenants and self.preloaded is not None and run_args is self.args:
+            keep = self.preloaded
+        self.tenants.clear()
+        self.base = self.preloaded = None  # the old model is freed before the new one loads
+        return keep if keep is not None else Trainer(run_args)
+
+    def release(self, run_id: str) -> None:
+        """Free a tenant's adapter and optimizer state (its run ended); a whole trainer stays loaded."""
+        held = self.tenants.get(run_id)
+        if held is not None and held.trainer.base is not None:
+            del self.tenants[run_id]
+            held.trainer.base.remove(held.trainer.adapter)
+
+    def _tenant(self, run_id: str | None) -> Tenant:
+        if run_id is None and len(self.tenants) == 1:
+            return next(iter(self.tenants.values()))
+        held = self.tenants.get(run_id)
+        if held is None:
+            raise NotAttached(f"this trainer holds {sorted(self.tenants) or 'no run'}, not run {run_id!r}: attach again")
+        return held
 
     def train_step(self, run_id: str, step: int) -> dict[str, float]:
         """Train rollout step `step` on its manifest; a repeat of the last step returns its metrics.
@@ -120,26 +180,27 @@ class TrainerGroup:
         failure, an error before the first token) is never marked, so the store's trained counts
         are what the model actually learned from.
         """
-        self._check_attached(run_id)
-        if step + 1 == self.trainer.step and step in self.results:
-            return self.results[step].metrics
-        if step != self.trainer.step:
-            raise RuntimeError(f"trainer is at step {self.trainer.step}, asked to train step {step}")
-        t0 = time.monotonic()
-        stored = self.store.read_step_samples(run_id, step)
-        loaded = time.monotonic() - t0
-        keyed = [(key, s) for key, s in zip(sample_keys(stored), stored) if trainable(s)]
-        samples = [s for _, s in keyed]
-        self._refuse_stale(run_id, step, samples)
-        if not samples:
-            raise ConfigError(f"step {step} of run {run_id!r} has no trainable sample (every one failed or is "
-                              f"empty); nothing to train on")
-        result = self.trainer.train_step(samples)
+        tenant = self._tenant(run_id)
+        with tenant.active() as trainer:
+            if step + 1 == trainer.step and step in tenant.results:
+                return tenant.results[step].metrics
+            if step != trainer.step:
+                raise RuntimeError(f"trainer is at step {trainer.step}, asked to train step {step}")
+            t0 = time.monotonic()
+            stored = self.store.read_step_samples(run_id, step)
+            loaded = time.monotonic() - t0
+            keyed = [(key, s) for key, s in zip(sample_keys(stored), stored) if trainable(s)]
+            samples = [s for _, s in keyed]
+            self._refuse_stale(run_id, step, samples)
+            if not samples:
+                raise ConfigError(f"step {step} of run {run_id!r} has no trainable sample (every one failed or is "
+                                  f"empty); nothing to train on")
+            result = trainer.train_step(samples)
         if dist_utils.rank() == 0:
             t0 = time.monotonic()
             self.store.mark_trained(run_id, [key for key, _ in keyed], step)
             result.metrics.update({"perf/train_load_s": loaded, "perf/train_mark_trained_s": time.monotonic() - t0})
-        self.results = {step: result}
+        tenant.results = {step: result}
         return result.metrics
 
     def _refuse_stale(self, run_id: str, step: int, samples: list) -> None:
@@ -152,37 +213,39 @@ class TrainerGroup:
             raise ConfigError(f"step {step} of run {run_id!r}: {report}; not training on them (a rollout "
                               "environment stored them without vime's version check)")
 
-    def state_dict_and_probe(self) -> tuple[dict, list[int], list[float]]:
+    def state_dict_and_probe(self, run_id: str | None = None) -> tuple[dict, list[int], list[float]]:
         """Full weights (rank 0) and the trainer's logprobs of a fixed probe sequence."""
-        weights = self.trainer.full_state_dict()
-        return (weights, *self._probe())
+        with self._tenant(run_id).active() as trainer:
+            return (trainer.full_state_dict(), *self._probe(trainer))
 
-    def adapter_and_probe(self) -> tuple[dict, dict, list[int], list[float], int]:
+    def adapter_and_probe(self, run_id: str | None = None) -> tuple[dict, dict, list[int], list[float], int]:
         """A LoRA run's sync: the adapter (rank 0) and its peft config, the trainer's probe
         logprobs (through the adapter), and the bytes of the full weights a full sync would move
         (counted from the parameters' shapes, nothing gathered)."""
         from vime.train.lora import adapter_config
 
-        adapter = self.trainer.adapter_state_dict()
-        config = adapter_config(self.trainer.lora, self.trainer.model_path)
-        full_bytes = sum(p.numel() * p.element_size() for n, p in self.trainer.model.named_parameters()
-                         if "lora_" not in n)
-        return (adapter, config, *self._probe(), int(full_bytes))
+        with self._tenant(run_id).active() as trainer:
+            adapter = trainer.adapter_state_dict()
+            config = adapter_config(trainer.lora, trainer.model_path)
+            full_bytes = sum(p.numel() * p.element_size() for n, p in trainer.model.named_parameters()
+                             if "lora_" not in n)
+            return (adapter, config, *self._probe(trainer), int(full_bytes))
 
-    def _probe(self) -> tuple[list[int], list[float]]:
+    @staticmethod
+    def _probe(trainer: Trainer) -> tuple[list[int], list[float]]:
         import torch
 
-        vocab = self.trainer.model.config.vocab_size
+        vocab = trainer.model.config.vocab_size
         probe = [(7919 * i + 13) % vocab for i in range(PROBE_TOKENS)]
-        ids = torch.tensor([probe], device=self.trainer.device)
+        ids = torch.tensor([probe], device=trainer.device)
         with torch.no_grad():
-            logits = self.trainer.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
+            logits = trainer.model(input_ids=ids, use_cache=False).logits[0, :-1].float()
         expected = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0].tolist()
         return probe, expected
 
     def save(self, root: str, state: dict) -> str | None:
-        self._check_attached(state["run_id"])
-        path = save_checkpoint(self.trainer, root, state)
+        with self._tenant(state["run_id"]).active() as trainer:
+            path = save_checkpoint(trainer, root, state)
         return str(path) if path else None
 
     def latest(self, root: str | None) -> str | None:
