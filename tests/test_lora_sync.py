@@ -9,8 +9,7 @@ import torch
 
 from tests.test_trainer import make_args, synthetic_batch
 from vime.engine.client import EngineClient
-from vime.engine.weight_sync.adapter import RUNTIME_LORA_ENV, AdapterSync, adapter_name
-from vime.engine.weight_sync.protocol import weight_sync_server_args
+from vime.engine.weight_sync.adapter import AdapterSync, adapter_name
 from vime.engine.weight_sync.sync import WeightSync
 from vime.engine.weight_sync.verify import probe_logprobs, reference_logprobs, verify_sync
 from vime.errors import ServiceError
@@ -19,18 +18,6 @@ from vime.train.trainer import Trainer
 
 pytestmark = pytest.mark.vllm
 ATOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def lora_server(tiny_model_dir, tmp_path_factory):
-    from vime.engine.server import VLLMServer
-
-    server = VLLMServer(tiny_model_dir, server_args=["--enable-lora", "--max-lora-rank", "8", "--max-loras", "2",
-                                                     "--max-model-len", "512", "--seed", "0",
-                                                     *weight_sync_server_args("file")],
-                        env=RUNTIME_LORA_ENV, log_path=tmp_path_factory.mktemp("vllm-lora") / "vllm.log")
-    with server:
-        yield server
 
 
 @pytest_asyncio.fixture

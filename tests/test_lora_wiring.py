@@ -12,7 +12,7 @@ from vime.engine.model_fleets import model_fleets
 from vime.engine.topology import topology_of
 from vime.engine.weight_sync import lora_serving
 from vime.engine.weight_sync.lora_serving import (adapter_name, lora_modules_args, lora_server_args,
-                                                  version_of, without_lora_modules)
+                                                  run_of, version_of, without_lora_modules)
 from vime.rollout.generate import adapter_versions, current_adapter, serving_adapter
 from vime.rollout.policy_check import sampled_versions
 from vime.types import Sample
@@ -68,6 +68,7 @@ def test_rollouts_request_the_groups_adapter_and_report_its_version(tiny_model_d
     assert sampled_versions(sample) == [3] and sample.weight_versions[0]["adapter"] == "run-v3"
     assert adapter_versions(spans, None) == spans
     assert version_of("my-run-v12") == 12 and version_of("Qwen") is None
+    assert run_of("my-run-v12") == "my-run" and run_of(adapter_name("a-v2", 3)) == "a-v2" and run_of("Qwen") is None
 
 
 def test_a_restarted_server_boots_with_the_live_adapters(tmp_path):

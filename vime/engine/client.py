@@ -50,6 +50,7 @@ class EngineRequestError(ServiceError):
         super().__init__(f"POST {url} answered HTTP {status}: {body[:500]}")
         self.status = status
         self.body = body
+        self.url = url
 
 
 @dataclass

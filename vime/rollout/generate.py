@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from vime.engine.client import EngineClient, EngineRequestError, GenerateOutput
+from vime.engine.lora_heal import healing
 from vime.engine.weight_sync.lora_serving import adapter_name, adapter_sync, version_of
 from vime.errors import ConfigError
 from vime.rollout import tokenization
@@ -180,9 +181,9 @@ async def generate(args: Any, sample: Sample, sampling_params: dict[str, Any], e
         params["max_tokens"] = min(params["max_tokens"], limit - len(sample.tokens))
     try:
         with timed("http"):
-            adapter = current_adapter()
-            output = await get_engine_client(args).generate(sample.tokens, params, session_id=sample.session_id,
-                                                            **({"model": adapter} if adapter else {}))
+            adapter, client = current_adapter(), get_engine_client(args)
+            output = await healing(args, adapter, lambda: client.generate(  # a server that lost the adapter gets it
+                sample.tokens, params, session_id=sample.session_id, **({"model": adapter} if adapter else {})))
     except EngineRequestError as exc:
         if exc.status == 400 and _CONTEXT_ERROR.search(exc.body):
             return fail(sample, f"vLLM rejected the context of {len(sample.tokens)} tokens: {exc.body[:300]}",

@@ -38,6 +38,12 @@ def version_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def run_of(name: str) -> str | None:
+    """The run in an adapter's served name (`adapter_name`), None for another name."""
+    m = re.fullmatch(r"(.+)-v\d+", name or "")
+    return m.group(1) if m else None
+
+
 def _has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
