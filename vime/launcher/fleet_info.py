@@ -19,6 +19,8 @@ from pathlib import Path
 from vime.errors import ConfigError
 
 FLEET_FILE = "fleet.json"
+CONNECTION_FLAGS = ("--temporal-address", "--temporal-namespace", "--store-url", "--vllm-router-ip",
+                    "--vllm-router-port", "--vllm-server-urls")  # what the fleet's fleet.json sets
 
 
 @dataclass(frozen=True)
@@ -111,9 +113,7 @@ def fleet_run_argv(args, argv: list[str], info: FleetInfo) -> list[str]:
     if given and os.path.realpath(given) != os.path.realpath(info.base_model):
         raise ConfigError(f"--hf-checkpoint {given}: the fleet in {fleet_dir} serves {info.base_model}, and every "
                           "run on it trains an adapter of that model; drop --hf-checkpoint or use another fleet")
-    own = [flag for flag, value in (("--temporal-address", args.temporal_address), ("--store-url", args.store_url),
-                                    ("--vllm-router-ip", args.vllm_router_ip),
-                                    ("--vllm-server-urls", args.vllm_server_urls)) if value]
+    own = [flag for flag in CONNECTION_FLAGS if any(a == flag or a.startswith(flag + "=") for a in argv)]
     if own:
         raise ConfigError(f"{own[0]}: --fleet {fleet_dir} sets the run's connections from its {FLEET_FILE}; "
                           f"drop {own[0]}")
