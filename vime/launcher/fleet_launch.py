@@ -10,6 +10,9 @@ servers hold (other runs' adapters) and its workers' work are never touched from
 
 from __future__ import annotations
 
+import contextlib
+from types import SimpleNamespace
+
 from vime.launcher.fleet_info import process_started_at
 from vime.launcher.launch import Launch, run_to_end
 
@@ -23,6 +26,13 @@ class FleetLaunch(Launch):
         super().__init__(args, checked=True)
         self.fleet_dir = fleet_dir
         self.started_at = process_started_at()
+
+    def run_dir_lock(self) -> contextlib.AbstractContextManager:
+        """None: the run belongs to the fleet, whose workers check its flags when it starts (and
+        refuse a run directory a process holds); a second `vime train --fleet` of the run only
+        follows it too, as `vime status --follow` would, and this launch left nothing running."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)  # metrics, adapters, launch.json
+        return contextlib.nullcontext(SimpleNamespace(leftovers=[]))
 
     def workers(self, temporal_address: str, fleet) -> list:
         return []

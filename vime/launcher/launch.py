@@ -226,7 +226,7 @@ class Launch:
             print(f"[vime] {args.tis_because}", flush=True)
         if note := replaced_sets_note(args):
             print(f"[vime] {note}", flush=True)
-        with RunDirLock(run_dir) as lock:
+        with self.run_dir_lock() as lock:
             if lock.leftovers:
                 print(f"[vime] stopped {len(lock.leftovers)} process(es) an earlier launch of this run left "
                       f"running (pids {' '.join(map(str, lock.leftovers[:10]))})", flush=True)
@@ -238,6 +238,10 @@ class Launch:
             finally:
                 self._forget_served_weights()
                 remove_launch_info(run_dir)
+
+    def run_dir_lock(self) -> RunDirLock:
+        """One launcher per run directory; it stops what an earlier launch left running there."""
+        return RunDirLock(self.run_dir)
 
     def _forget_served_weights(self) -> None:
         if self.owns_services:
