@@ -145,6 +145,11 @@ def test_two_lora_runs_start_on_a_warm_fleet_and_sigterm_stops_every_part(tmp_pa
         assert "run a finished: 3 steps, 3 trained by this launch" in first.stdout, first.stdout[-3000:]
         assert re.search(r"\[vime\] first step [\d.]+ s after the launch", first.stdout), first.stdout[-3000:]
         trained_exactly_once(store_url, "a", steps=3, per_step=4)
+        with SampleStore.open(store_url) as store:  # step k sampled by the run's own adapter version k
+            for step in (1, 2):
+                for sample in store.read_step_samples("a", step):
+                    assert {s.get("adapter") for s in sample.weight_versions} == {f"a-v{step}"}
+        print("run a (the fleet's first):", re.search(r"\[vime\] first step .*", first.stdout)[0])
 
         t1 = time.monotonic()
         second = vime(*a, timeout=120)
