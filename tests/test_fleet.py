@@ -125,7 +125,8 @@ def trained_exactly_once(store_url: str, run: str, steps: int, per_step: int) ->
 @pytest.mark.vllm
 def test_two_lora_runs_start_on_a_warm_fleet_and_sigterm_stops_every_part(tmp_path, tiny_model_dir):
     """A fleet; run a (3 steps) to its end, every sample trained once; the same command again says
-    it finished; run b on the warm fleet, its launch → first step printed; SIGTERM: nothing left."""
+    it finished; run b on the warm fleet, its launch → first step printed; run c detached by Ctrl-C
+    after its first step and re-attached by the same command; SIGTERM: nothing left."""
     pytest.importorskip("peft")
     fleet_dir = tmp_path / "fleet"
     fleet = Fleet(fleet_dir, tiny_model_dir)
@@ -164,6 +165,24 @@ def test_two_lora_runs_start_on_a_warm_fleet_and_sigterm_stops_every_part(tmp_pa
         print(f"run b on the warm fleet: launch → first step {printed[1]} s (as printed); whole run "
               f"{time.monotonic() - t2:.1f} s")
         trained_exactly_once(store_url, "b", steps=2, per_step=4)
+
+        c = ["train", "--fleet", str(fleet_dir), *run_flags(tmp_path, "c", 6)]  # Ctrl-C detaches; re-attach
+        follow = subprocess.Popen([sys.executable, "-m", "vime.cli", *c], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, cwd=REPO, env=ENV)
+        seen = ""
+        for line in follow.stdout:
+            seen += line
+            if "first step" in line:
+                follow.send_signal(signal.SIGINT)
+                break
+        seen += follow.communicate(timeout=60)[0]
+        assert follow.returncode == 130, seen[-3000:]
+        assert "[vime] detached from run c" in seen and "Re-attach with:" in seen and "vime cancel c" in seen, seen
+        attached = vime(*c)
+        assert attached.returncode == 0, attached.stdout[-3000:] + attached.stderr[-3000:]
+        assert "run c is in progress; continuing it" in attached.stdout, attached.stdout[-3000:]
+        assert "run c finished: 6 steps" in attached.stdout, attached.stdout[-3000:]
+        trained_exactly_once(store_url, "c", steps=6, per_step=4)
 
         fleet.process.send_signal(signal.SIGTERM)
         assert fleet.process.wait(timeout=120) == 0, fleet.output()[-3000:]
