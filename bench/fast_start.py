@@ -1,6 +1,7 @@
 """Launch → first step of the quickstart, stage by stage, and each process's import time.
 
     .venv/bin/python bench/fast_start.py [--repeats 2] [--profile] [--out DIR]
+    .venv/bin/python bench/fast_start.py --fleet [--repeats 2] [--out DIR]
 
 Issue #25 item 5 asks for launch → end of the first step in at most 30 s on a quiet machine. This
 bench runs `python -m examples.quickstart.run --num-rollout 1` as a user would (its own Temporal
@@ -20,6 +21,12 @@ more spawned processes (its CPU platform forces `spawn`), each importing torch a
 vLLM's share of a start is about three times its API server's import.
 
 A launch that failed (non-zero exit, or no step line) fails the bench: one line, exit 1.
+
+`--fleet` measures a start on a warm fleet instead (issue #26 item 4, goal ≤ 10 s): it starts
+`vime fleet` once on the tiny model (not timed beyond its own "fleet ready" line), then launches
+`--repeats` (at least 2) LoRA runs one after another with `vime train --fleet DIR --lora-rank 8`
+(one step each), stamps each as above, and prints each run's launch → first step and the median.
+The fleet is stopped (SIGTERM) at the end.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,6 +47,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 GOAL_S = 30.0
+FLEET_GOAL_S = 10.0
 STAGES = {  # a launch's console line → the stage it marks (the first line matching wins)
     "vllm_started": re.compile(r"^\[vime\] starting \d+ vLLM server"),
     "temporal_up": re.compile(r"^\[vime\] run \S+ in .*; Temporal "),
@@ -65,9 +74,14 @@ class Launch:
     tail: list[str] = field(default_factory=list)
 
 
-def launch(run_dir: Path) -> Launch:
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    cmd = [sys.executable, "-u", "-m", "examples.quickstart.run", "--run-dir", str(run_dir), "--num-rollout", "1"]
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def launch(run_dir: Path, cmd: list[str] | None = None) -> Launch:
+    env = _env()
+    cmd = cmd or [sys.executable, "-u", "-m", "examples.quickstart.run", "--run-dir", str(run_dir),
+                  "--num-rollout", "1"]
     out = Launch(run_dir)
     t0 = time.monotonic()
     with subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -105,21 +119,76 @@ def first_step_profile(run_dir: Path) -> list[str]:
     return profile(run_dir, run_dir.name, first_step=True)
 
 
+def failed(what: str, run: Launch) -> int:
+    print(f"fast_start: {what} failed (exit {run.returncode}, stages seen: {sorted(run.stages)}); its last "
+          "lines:\n" + "\n".join(run.tail), file=sys.stderr)
+    return 1
+
+
+def fleet_main(root: Path, repeats: int) -> int:
+    """`--fleet`: one fleet, `repeats` LoRA runs on it; launch → first step of each, and the median."""
+    from vime.testing.tiny_model import tiny_model_dir
+
+    model, fleet_dir = tiny_model_dir(), root / "fleet"
+    root.mkdir(parents=True, exist_ok=True)
+    prompts = root / "prompts.jsonl"
+    prompts.write_text("".join(f'{{"prompt": "count to {i}", "label": "1"}}\n' for i in range(16)))
+    log = open(root / "fleet.log", "w")
+    fleet = subprocess.Popen([sys.executable, "-u", "-m", "vime.cli", "fleet", "--fleet-dir", str(fleet_dir),
+                              "--hf-checkpoint", str(model), "--lora-max-rank", "8", "--vllm-max-model-len", "512"],
+                             cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        t0 = time.monotonic()
+        while "fleet ready in" not in (root / "fleet.log").read_text():
+            if fleet.poll() is not None or time.monotonic() - t0 > 900:
+                print("fast_start: vime fleet did not get ready; its last lines:\n"
+                      + (root / "fleet.log").read_text()[-3000:], file=sys.stderr)
+                return 1
+            time.sleep(0.5)
+        print(f"fleet ready after {time.monotonic() - t0:.1f} s", flush=True)
+        firsts = []
+        for i in range(max(2, repeats)):
+            cmd = [sys.executable, "-u", "-m", "vime.cli", "train", "--fleet", str(fleet_dir), "--lora-rank", "8",
+                   "--run-id", f"fleet-start-{i}", "--run-dir", str(root / f"fleet-start-{i}"),
+                   "--prompt-data", str(prompts), "--input-key", "prompt", "--label-key", "label",
+                   "--rm-type", "random", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+                   "--num-rollout", "1", "--rollout-max-response-len", "8"]
+            run = launch(root / f"fleet-start-{i}", cmd)
+            if run.returncode != 0 or "first_step" not in run.stages:
+                return failed(f"run {i + 1} on the fleet", run)
+            phases = STEP_PHASES.search(run.step_line)
+            firsts.append(run.stages["first_step"])
+            print(f"run {i + 1} on the warm fleet: first step {run.stages['first_step']:.1f} s after the launch"
+                  + (f" (its rollout {phases[1]} s, train {phases[2]} s, sync {phases[3]} s)" if phases else ""),
+                  flush=True)
+        first = statistics.median(firsts)
+        print(f"warm fleet, launch → first step: {first:.1f} s (median of {len(firsts)}); goal ≤ "
+              f"{FLEET_GOAL_S:.0f} s on this machine: {'met' if first <= FLEET_GOAL_S else 'NOT met'}")
+        return 0
+    finally:
+        fleet.send_signal(signal.SIGTERM)
+        try:
+            fleet.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            fleet.kill()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=1, help="launches, one after another")
     parser.add_argument("--profile", action="store_true", help="print the first step's full profile")
     parser.add_argument("--out", help="where the launches' run directories go (default: a temporary one)")
+    parser.add_argument("--fleet", action="store_true", help="runs on one warm `vime fleet` (at least 2)")
     args = parser.parse_args(argv)
     root = Path(args.out or tempfile.mkdtemp(prefix="vime-fast-start-"))
     print(f"load average at the start: {os.getloadavg()[0]:.2f}", flush=True)
+    if args.fleet:
+        return fleet_main(root, args.repeats)
     launches = []
     for i in range(args.repeats):
         run = launch(root / f"start-{i}")
         if run.returncode != 0 or "first_step" not in run.stages:
-            print(f"fast_start: launch {i + 1} failed (exit {run.returncode}, stages seen: "
-                  f"{sorted(run.stages)}); its last lines:\n" + "\n".join(run.tail), file=sys.stderr)
-            return 1
+            return failed(f"launch {i + 1}", run)
         launches.append(run)
         s = run.stages
         phases = STEP_PHASES.search(run.step_line)

@@ -95,6 +95,7 @@ EXERCISED = {
     "--run-id": "test_cli.py::test_config_prints_the_workflow_input_that_temporal_decodes_as_the_run_s_numbers",
     "--run-dir": "test_bad_input.py::test_a_launch_on_a_live_runs_directory_is_refused_in_one_line_and_writes_nothing",
     "--temporal-address": "test_cli.py::test_an_unreachable_temporal_address_is_one_line",
+    "--fleet": "test_fleet.py::test_two_lora_runs_start_on_a_warm_fleet_and_sigterm_stops_every_part",
     "--temporal-namespace": "test_temporal_flags.py::test_temporal_namespace_is_where_the_run_s_dev_server_and_workers_keep_its_workflows",
     "--heartbeat-timeout": "test_temporal_flags.py::test_heartbeat_timeout_is_the_heartbeat_timeout_of_the_trainer_activities_the_run_schedules",
     "--rollout-task-queue": "test_tool_use.py::test_a_rollout_worker_starting_removes_the_sandboxes_a_worker_killed_with_sigkill_left",

@@ -20,6 +20,8 @@ commands:
   eval         evaluate an HF checkpoint or a run's checkpoints on eval sets (durable, resumable); a table;
                --compare RUN_A RUN_B: two runs' recorded eval rounds side by side
   smoke        start the embedded Temporal + vLLM services and sample from the model once
+  fleet        a shared fleet until Ctrl-C: Temporal, store, one LoRA-enabled vLLM server and long-lived workers;
+               `vime train --fleet DIR --lora-rank R ...` then starts a run on it in seconds
   sft          supervised warm start on --sft-data traces (their loss_mask tokens); saves an HF model to --save
   engine       run one vLLM server with every flag vime needs (--engine-port; --print-command to see it)
   config       print the training workflow's input for a run, for `temporal workflow start --input-file`
@@ -49,14 +51,28 @@ def _train(argv: list[str]) -> int:
     """Every check first, then the launch: a mistake is on the console in a second or two, not
     after the launcher's imports (torch, vLLM, Temporal: 30-70 s on a loaded machine)."""
     from vime.config.preflight import checked_args
+    from vime.launcher.fleet_info import checked_fleet_args, wants_fleet
 
-    args = checked_args(argv)
+    if wants_fleet(argv):
+        args, fleet_dir = checked_fleet_args(argv)
+    else:
+        args, fleet_dir = checked_args(argv), None
     from vime.log import configure_logging
 
     configure_logging()  # not before: structlog and rich are a third of the checks' CPU
+    if fleet_dir is not None:
+        from vime.launcher.fleet_launch import main as fleet_main
+
+        return fleet_main(args, fleet_dir)
     from vime.launcher.launch import main
 
     return main(args, checked=True)
+
+
+def _fleet(argv: list[str]) -> int:
+    from vime.launcher.fleet import main
+
+    return main(argv)
 
 
 def _sft(argv: list[str]) -> int:
@@ -108,6 +124,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "train": _train,
     "eval": _eval,
     "smoke": _smoke,
+    "fleet": _fleet,
     "sft": _sft,
     "engine": _engine,
     "config": _config,

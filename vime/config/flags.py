@@ -306,6 +306,9 @@ class VimeArgs:
               "function finds them in args.vllm_model_routers.", nargs="+"
     )
     store_url: str | None = _orchestration(None, "SQLAlchemy URL of the sample store (default: SQLite in run dir).")
+    fleet: str | None = _orchestration(
+        None, "Run on the shared fleet `vime fleet --fleet-dir DIR` serves (its Temporal, store, LoRA-enabled "
+              "vLLM server and workers), starting nothing; needs --lora-rank (the fleet's base model is shared).")
     continue_as_new_after_steps: int = _orchestration(
         0, "Start a fresh training-workflow run (continue-as-new) every N steps, bounding its history "
            "(0: when Temporal suggests it)."

@@ -185,6 +185,9 @@ class Follower:
             if mine and m["step"] not in seen:
                 seen.append(m["step"])
                 print(format_progress(m, total), flush=True)
+                if seen is self.printed and len(seen) == 1:
+                    at = m.get("finished_at") or time.time()
+                    print(f"[vime] first step {at - self.started_at:.1f} s after the launch", flush=True)
 
     async def _query(self) -> dict | None:
         try:

@@ -205,6 +205,10 @@ class Launch:
     `finished`, `workers`, `start` and the closing lines)."""
 
     command = "train"
+    owns_services = True
+    """This launch started the run's workers and servers: at its start it clears what an earlier
+    launch's servers held (live weights, adapters) and fails what an earlier launch's workers had
+    started. Not on a shared fleet (`vime train --fleet`): those belong to the fleet and go on."""
 
     def __init__(self, args, *, checked: bool = False) -> None:
         self.args = args
@@ -222,20 +226,27 @@ class Launch:
             print(f"[vime] {args.tis_because}", flush=True)
         if note := replaced_sets_note(args):
             print(f"[vime] {note}", flush=True)
-        with RunDirLock(run_dir) as lock:
+        with self.run_dir_lock() as lock:
             if lock.leftovers:
                 print(f"[vime] stopped {len(lock.leftovers)} process(es) an earlier launch of this run left "
                       f"running (pids {' '.join(map(str, lock.leftovers[:10]))})", flush=True)
             with SampleStore.open(args.store_url) as store:
                 store.ensure_run(args.run_id, stored_config(args))
-            live_weights.remove(run_dir)
-            lora_serving.remove(run_dir)
+            self._forget_served_weights()
             try:
                 return await self._serve()
             finally:
-                live_weights.remove(run_dir)
-                lora_serving.remove(run_dir)
+                self._forget_served_weights()
                 remove_launch_info(run_dir)
+
+    def run_dir_lock(self) -> RunDirLock:
+        """One launcher per run directory; it stops what an earlier launch left running there."""
+        return RunDirLock(self.run_dir)
+
+    def _forget_served_weights(self) -> None:
+        if self.owns_services:
+            live_weights.remove(self.run_dir)
+            lora_serving.remove(self.run_dir)
 
     async def _serve(self) -> TrainingState:
         args, run_dir = self.args, self.run_dir
@@ -277,7 +288,7 @@ class Launch:
             if not isinstance(fleet, ExternalEngines):
                 print(f"[vime] vLLM ready {time.time() - self.started_at:.0f} s after the launch", flush=True)
             handle, start_step = await self.start(svc.client)
-            if start_step is None:  # an earlier launch's workers died with it: their work goes on now
+            if start_step is None and self.owns_services:  # an earlier launch's workers died with it
                 await recover_from_earlier_launch(svc.client, args.run_id, LAUNCH_ID,
                                                   "the worker's launcher was stopped or died")
                 await handle.signal(TRAINER_LOST_SIGNAL)
