@@ -32,6 +32,7 @@ The fleet is stopped (SIGTERM) at the end.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -40,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,27 +127,39 @@ def failed(what: str, run: Launch) -> int:
     return 1
 
 
+@contextlib.contextmanager
+def running_fleet(root: Path, model: Path) -> Iterator[tuple[Path, float]]:
+    """`vime fleet` on `model` in `root/fleet` (its console in `root/fleet.log`): yields the fleet's
+    directory and the seconds it took to say "fleet ready"; SIGTERM at the end. SystemExit (one
+    line and the fleet's last lines) if it does not get ready."""
+    fleet_dir, log_path = root / "fleet", root / "fleet.log"
+    fleet = subprocess.Popen([sys.executable, "-u", "-m", "vime.cli", "fleet", "--fleet-dir", str(fleet_dir),
+                              "--hf-checkpoint", str(model), "--lora-max-rank", "8", "--vllm-max-model-len", "512"],
+                             cwd=REPO, env=_env(), stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+    try:
+        t0 = time.monotonic()
+        while "fleet ready in" not in log_path.read_text():
+            if fleet.poll() is not None or time.monotonic() - t0 > 900:
+                raise SystemExit("vime fleet did not get ready; its last lines:\n" + log_path.read_text()[-3000:])
+            time.sleep(0.5)
+        yield fleet_dir, time.monotonic() - t0
+    finally:
+        fleet.send_signal(signal.SIGTERM)
+        try:
+            fleet.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            fleet.kill()
+
+
 def fleet_main(root: Path, repeats: int) -> int:
     """`--fleet`: one fleet, `repeats` LoRA runs on it; launch → first step of each, and the median."""
     from vime.testing.tiny_model import tiny_model_dir
 
-    model, fleet_dir = tiny_model_dir(), root / "fleet"
     root.mkdir(parents=True, exist_ok=True)
     prompts = root / "prompts.jsonl"
     prompts.write_text("".join(f'{{"prompt": "count to {i}", "label": "1"}}\n' for i in range(16)))
-    log = open(root / "fleet.log", "w")
-    fleet = subprocess.Popen([sys.executable, "-u", "-m", "vime.cli", "fleet", "--fleet-dir", str(fleet_dir),
-                              "--hf-checkpoint", str(model), "--lora-max-rank", "8", "--vllm-max-model-len", "512"],
-                             cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT)
-    try:
-        t0 = time.monotonic()
-        while "fleet ready in" not in (root / "fleet.log").read_text():
-            if fleet.poll() is not None or time.monotonic() - t0 > 900:
-                print("fast_start: vime fleet did not get ready; its last lines:\n"
-                      + (root / "fleet.log").read_text()[-3000:], file=sys.stderr)
-                return 1
-            time.sleep(0.5)
-        print(f"fleet ready after {time.monotonic() - t0:.1f} s", flush=True)
+    with running_fleet(root, tiny_model_dir()) as (fleet_dir, ready):
+        print(f"fleet ready after {ready:.1f} s", flush=True)
         firsts = []
         for i in range(max(2, repeats)):
             cmd = [sys.executable, "-u", "-m", "vime.cli", "train", "--fleet", str(fleet_dir), "--lora-rank", "8",
@@ -165,12 +179,6 @@ def fleet_main(root: Path, repeats: int) -> int:
         print(f"warm fleet, launch → first step: {first:.1f} s (median of {len(firsts)}); goal ≤ "
               f"{FLEET_GOAL_S:.0f} s on this machine: {'met' if first <= FLEET_GOAL_S else 'NOT met'}")
         return 0
-    finally:
-        fleet.send_signal(signal.SIGTERM)
-        try:
-            fleet.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            fleet.kill()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,13 +87,13 @@ def test_a_second_fleet_on_a_live_fleet_directory_is_refused(tmp_path, tiny_mode
 class Fleet:
     """`vime fleet` as a subprocess, its console in fleet.log."""
 
-    def __init__(self, fleet_dir: Path, model: Path) -> None:
+    def __init__(self, fleet_dir: Path, model: Path, env: dict[str, str] | None = None) -> None:
         self.dir = fleet_dir
         self.log = fleet_dir.parent / "fleet.log"
         self.process = subprocess.Popen(
             [sys.executable, "-m", "vime.cli", "fleet", "--fleet-dir", str(fleet_dir), "--hf-checkpoint", str(model),
              "--lora-max-rank", "8", "--vllm-max-model-len", "512"],
-            stdout=open(self.log, "w"), stderr=subprocess.STDOUT, cwd=REPO, env=ENV)
+            stdout=open(self.log, "w"), stderr=subprocess.STDOUT, cwd=REPO, env=env or ENV)
 
     def output(self) -> str:
         return self.log.read_text()
@@ -194,3 +194,15 @@ def test_two_lora_runs_start_on_a_warm_fleet_and_sigterm_stops_every_part(tmp_pa
             time.sleep(0.2)
     finally:
         fleet.kill_all()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--rollout-env", "tool_use"], "would sync merged weights into the fleet's shared server"),
+    (["--vllm-max-model-len", "256"], "--vllm-max-model-len: the fleet in"),
+])
+def test_a_run_that_would_change_the_shared_server_is_refused(tmp_path, tiny_model_dir, flags, message):
+    """Merged weights or server flags of its own would reach every other run on the fleet."""
+    fake_fleet_json(tmp_path / "fleet", tiny_model_dir)
+    done = vime("train", "--fleet", str(tmp_path / "fleet"), *run_flags(tmp_path, "a", 2), *flags)
+    assert done.returncode == 2
+    assert message in one_line_error(done.stderr), done.stderr

@@ -38,12 +38,14 @@ from vime.engine.model_fleets import ModelFleets, model_fleets
 from vime.engine.topology import topology_of
 from vime.engine.weight_sync.lora_serving import MAX_LORAS, VLLM_LORA_RANKS
 from vime.errors import ConfigError, ServiceError
+from vime.launcher.recovery import recover_from_worker_death
 from vime.launcher.fleet_info import FleetInfo, process_started_at, remove_fleet, write_fleet
 from vime.launcher.supervisor import Supervisor, WorkerProcess
 from vime.procs import ask_all_to_stop
 from vime.rundir import RunDirLock, holder
 from vime.store import SampleStore
 from vime.temporal.client import TemporalService, temporal_service
+from vime.temporal.training_contract import TRAINER_LOST_SIGNAL, TRAINING_WORKFLOW
 
 DEFAULT_MAX_RANK = 16
 FLEET_RUNS = 4  # runs whose adapters one batch may mix, each with MAX_LORAS versions (around a sync)
@@ -110,9 +112,33 @@ async def wait_for_workers(svc: TemporalService, args, supervisor: Supervisor) -
         await asyncio.sleep(0.5)
 
 
-def _report_deaths(supervisor: Supervisor) -> None:
-    for death in supervisor.check():  # raises on a configuration error or a worker that keeps dying
+def _report_deaths(supervisor: Supervisor) -> list:
+    deaths = supervisor.check()  # raises on a configuration error or a worker that keeps dying
+    for death in deaths:
         print(f"[vime] fleet worker {death.name} died ({death.cause}); restarted it", flush=True)
+    return deaths
+
+
+async def recover_runs(client, deaths: list) -> None:
+    """Tell every run in flight at once what a dead worker was doing for it, as `vime train` tells
+    its one run: the worker's started activities fail as `WorkerLost` (retried on the restarted
+    worker), and after the trainer's death each run attaches a live one now, not after its
+    heartbeat timeout (a minute). Best effort: the timeouts still recover a run this misses."""
+    if not deaths:
+        return
+    try:
+        async for execution in client.list_workflows(
+                f"WorkflowType = '{TRAINING_WORKFLOW}' AND ExecutionStatus = 'Running'"):
+            run_id = execution.id.removeprefix("train-")
+            for death in deaths:
+                await recover_from_worker_death(client, run_id, death.identity,
+                                                f"fleet worker {death.identity} died ({death.cause})")
+            if any(d.name == "trainer" for d in deaths):
+                with contextlib.suppress(Exception):  # it finished meanwhile
+                    await client.get_workflow_handle(execution.id).signal(TRAINER_LOST_SIGNAL)
+    except Exception as e:  # noqa: BLE001
+        print(f"[vime] fleet: telling the runs about the dead worker failed ({str(e)[:200]}); they notice "
+              "it by their heartbeat timeouts", flush=True)
 
 
 async def keep_alive(svc: TemporalService, fleets: ModelFleets, supervisor: Supervisor) -> None:
@@ -121,7 +147,7 @@ async def keep_alive(svc: TemporalService, fleets: ModelFleets, supervisor: Supe
         for line in [await svc.check(), *await fleets.check()]:
             if line:
                 print(line, flush=True)
-        _report_deaths(supervisor)
+        await recover_runs(svc.client, _report_deaths(supervisor))
         await asyncio.sleep(1.0)
 
 

@@ -113,6 +113,18 @@ def fleet_run_argv(args, argv: list[str], info: FleetInfo) -> list[str]:
     if given and os.path.realpath(given) != os.path.realpath(info.base_model):
         raise ConfigError(f"--hf-checkpoint {given}: the fleet in {fleet_dir} serves {info.base_model}, and every "
                           "run on it trains an adapter of that model; drop --hf-checkpoint or use another fleet")
+    from vime.engine.weight_sync.lora_serving import adapter_sync  # no torch
+
+    if not adapter_sync(args):
+        raise ConfigError(f"--fleet {fleet_dir}: this run would sync merged weights into the fleet's shared server "
+                          "(only the default rollout path, --rollout-env groups without --rollout-function-path, "
+                          "--eval-function-path or --fully-async, syncs its adapter alone); run it with its own "
+                          "servers (vime train without --fleet)")
+    served = [a.split("=", 1)[0] for a in argv if a.startswith(("--vllm-", "--router-"))]
+    if served:
+        raise ConfigError(f"{served[0]}: the fleet in "
+                          f"{fleet_dir} serves every run from one server, started with the fleet's flags; drop the "
+                          "run's --vllm-*/--router-*/--vllm-config flags (give them to `vime fleet`)")
     own = [flag for flag in CONNECTION_FLAGS if any(a == flag or a.startswith(flag + "=") for a in argv)]
     if own:
         raise ConfigError(f"{own[0]}: --fleet {fleet_dir} sets the run's connections from its {FLEET_FILE}; "
