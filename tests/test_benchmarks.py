@@ -3,6 +3,7 @@ engine it prints its figures."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -276,3 +277,26 @@ def test_the_rollout_overhead_benchmark_compares_a_quickstart_step_with_the_same
     assert re.search(r"vime rollout phase \(median of 1 steps\): \d+\.\d\d s", result.stdout), result.stdout
     assert re.search(r"direct, same requests \(median of 1 batches\): \d+\.\d\d s", result.stdout), result.stdout
     assert re.search(r"rollout_overhead: vime/direct \d+\.\d\dx \(goal <= 1\.3x: (met|missed)\)", result.stdout)
+
+
+def test_the_multi_tenant_benchmark_prints_no_table_when_a_run_failed_or_missed_a_step(tmp_path):
+    """Its figures come from each run's console and metrics.jsonl: a failed launch, or a run
+    whose metrics miss a step, ends the bench with that run's last lines instead of a table."""
+    from bench.fast_start import Launch
+    from bench.multi_tenant import figures
+
+    run_dir = tmp_path / "fleet-0"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "finished_at": 100.0 + s, "sync_wire_bytes": 134608, "sync_seconds": 0.1}) + "\n"
+        for s in (0, 2)))  # step 1 is missing
+    printed = Launch(run_dir, stages={"first_step": 3.0}, returncode=0, tail=["[vime] step 3/3"])
+    with pytest.raises(SystemExit, match=r"run fleet-0 failed \(exit 0, steps recorded \[0, 2\]\)"):
+        figures("fleet-0", printed, 10.0, run_dir, steps=3)
+    with pytest.raises(SystemExit, match="exit 1"):
+        figures("fleet-0", Launch(run_dir, returncode=1), 10.0, run_dir, steps=2)
+    (run_dir / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": s, "finished_at": 100.0 + 2 * s, "sync_wire_bytes": 134608, "sync_seconds": 0.1}) + "\n"
+        for s in range(3)))
+    ok = figures("fleet-0", printed, 10.0, run_dir, steps=3)
+    assert (ok.first_step, ok.steps_per_minute, ok.sync_bytes) == (3.0, 30.0, 134608)
