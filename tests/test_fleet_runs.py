@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.runs import REPO, write_prompts
-from tests.test_fleet import ENV, Fleet, trained_exactly_once
+from tests.test_fleet import ENV, Fleet, trained_exactly_once, vime
 from vime.rollout.policy_check import sampled_versions
 from vime.store import SampleStore
 from vime.train.trainer_group import trainable
@@ -159,6 +159,13 @@ def test_three_runs_with_their_own_rewards_train_at_once_on_one_server_and_one_t
     print(f"3 runs x {steps} steps on one fleet: {time.monotonic() - t0:.1f} s")
     assert_each_run_exact(fleet, tmp_path, "r", steps)
     assert held_together(fleet) == 3  # one trainer held the three runs at once
+
+    listed = vime("runs", "--fleet", str(fleet.dir), "--json")  # every run on the fleet, from its store
+    assert listed.returncode == 0, listed.stderr
+    states = {r["run_id"]: (r["state"], r["steps_trained"]) for r in json.loads(listed.stdout)}
+    assert all(states[f"r-{run}"] == ("finished", steps) for run in RUNS), states
+    status = vime("status", "r-len", "--fleet", str(fleet.dir))
+    assert status.returncode == 0 and "finished" in status.stdout, status.stdout + status.stderr
 
 
 def fleet_pid(fleet: Fleet, needle: str) -> int:

@@ -17,7 +17,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from vime.errors import ConfigError, VimeError
 from vime.ops.commands import run_parser
-from vime.ops.locate import run_dir_of, store_for
+from vime.ops.locate import run_dir_of, store_for, temporal_for
 from vime.temporal.restart_plan import recorded, restart_plan
 from vime.rundir import read_launch_info
 from vime.temporal.client import connect
@@ -60,7 +60,7 @@ def cancel_main(argv: list[str]) -> int:
     parser.add_argument("--wait", type=float, default=WAIT_S, help="seconds to wait for the cleanup (default 120)")
     args = parser.parse_args(argv)
     launch = read_launch_info(run_dir_of(args.run, args.run_dir)) or {}
-    address = args.temporal_address or launch.get("temporal")
+    address = temporal_for(args, launch)
     if not address:
         raise ConfigError(f"run {args.run!r}: no running launch of it (no launch.json in its run directory); pass "
                           "--temporal-address HOST:PORT of the Temporal it lives in")

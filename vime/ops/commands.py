@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from vime.errors import ConfigError
-from vime.ops.locate import add_location_flags, open_existing, store_for
+from vime.ops.locate import add_location_flags, open_existing, store_for, temporal_for
 from vime.ops.queries import SampleFilter, run_summaries, sample_lines
 from vime.rundir import read_launch_info
 from vime.ops.show import load, render, run_tokenizer, token_texts
@@ -53,7 +53,7 @@ def runs_main(argv: list[str]) -> int:
                         "running launch's)")
     parser.add_argument("--temporal-namespace", default="default")
     args = parser.parse_args(argv)
-    if args.store_url or args.run_dir:
+    if args.store_url or args.run_dir or args.fleet:
         locations = [store_for(args)]
     else:
         locations = sorted(str(p.parent) for p in Path(args.runs_root).glob("*/vime.db"))
@@ -65,7 +65,7 @@ def runs_main(argv: list[str]) -> int:
         with open_existing(location) as store:
             found = run_summaries(store)
         launch = {} if "://" in location else read_launch_info(location) or {}
-        address = args.temporal_address or launch.get("temporal")
+        address = temporal_for(args, launch)
         statuses = asyncio.run(workflow_statuses(address, launch.get("namespace", args.temporal_namespace),
                                                  [s.run_id for s in found])) if address and found else {}
         for s in found:

@@ -14,7 +14,7 @@ from temporalio.service import RPCError
 
 from vime.errors import ConfigError, VimeError
 from vime.ops.commands import run_parser
-from vime.ops.locate import open_existing, run_dir_of, store_for
+from vime.ops.locate import open_existing, run_dir_of, store_for, temporal_for
 from vime.ops.queries import run_summaries
 from vime.temporal.restart_plan import recorded, restart_plan
 from vime.ops.waiting import engine_urls_of, observe, reason
@@ -61,7 +61,7 @@ def status_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     run_dir = run_dir_of(args.run, args.run_dir)
     launch = read_launch_info(run_dir)
-    address = args.temporal_address or (launch or {}).get("temporal")
+    address = temporal_for(args, launch)
     namespace = (launch or {}).get("namespace", args.temporal_namespace)
     if args.follow and not address:
         raise VimeError(f"vime status --follow: run {args.run!r} has no running launch (no launch.json in {run_dir}); "
