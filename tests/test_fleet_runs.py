@@ -20,6 +20,7 @@ import pytest
 
 from tests.runs import REPO, write_prompts
 from tests.test_fleet import ENV, Fleet, trained_exactly_once, vime
+from vime.procs import leftover_processes
 from vime.rollout.policy_check import sampled_versions
 from vime.store import SampleStore
 from vime.train.trainer_group import trainable
@@ -173,11 +174,19 @@ def fleet_pid(fleet: Fleet, needle: str) -> int:
 
     for proc in psutil.Process(fleet.process.pid).children(recursive=True):
         try:
-            if needle in " ".join(proc.cmdline()):
+            line = " ".join(proc.cmdline())
+            if needle in line and "vime.procguard" not in line:  # the process itself, not its guard
                 return proc.pid
         except psutil.NoSuchProcess:
             continue
     raise AssertionError(f"no {needle!r} process under the fleet")
+
+
+def orphans(fleet: Fleet) -> list[int]:
+    """The fleet's processes that nothing supervises any more (reparented to init)."""
+    import psutil
+
+    return [pid for pid in leftover_processes(fleet.dir) if psutil.pid_exists(pid) and psutil.Process(pid).ppid() == 1]
 
 
 def wait_steps(fleet: Fleet, runs: list[str], at_least: int, timeout: float) -> None:
@@ -198,6 +207,7 @@ def test_three_runs_survive_kill_9_of_the_shared_server_and_of_the_shared_traine
         killed = time.time()
         os.kill(fleet_pid(fleet, "workers.trainer"), signal.SIGKILL)
         finish(procs, tmp_path, timeout=1200)
+        assert orphans(fleet) == []  # vLLM's engine core and worker went with the killed server
         print(f"after kill -9 of the shared trainer, the first run attached again in "
               f"{first_attach_after(fleet, killed) - killed:.1f} s")
     finally:

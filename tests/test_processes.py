@@ -84,6 +84,19 @@ def test_a_guarded_family_dies_with_a_launcher_killed_with_sigkill(tmp_path):
     assert wait_until(lambda: leftover_processes(tmp_path) == [], 10)
 
 
+def test_a_guard_killed_with_sigkill_leaves_a_grandchild_that_stopping_it_then_kills(tmp_path):
+    """kill -9 of the guard itself: the command dies with it (its death signal), but the grandchild
+    (vLLM's engine core, whose model worker then spins at full CPU) is reparented to init. Stopping
+    the dead guard, as a fleet does before it restarts a server, kills its whole process group."""
+    guard, pids = start_family(tmp_path)
+    os.kill(guard.pid, signal.SIGKILL)
+    guard.wait(10)
+    assert wait_until(lambda: not alive(pids["parent"]))
+    assert alive(pids["child"])  # the hazard: nothing else would stop it
+    stop_process_group(guard, timeout=1)
+    assert wait_until(lambda: not alive(pids["child"])), "the dead guard's grandchild outlived its stop"
+
+
 def test_stopping_a_guard_stops_its_command_gracefully_then_everything(tmp_path):
     guard, pids = start_family(tmp_path)
     t0 = time.monotonic()

@@ -311,8 +311,11 @@ class VLLMServer:
     def stop(self, timeout: float = 20.0) -> None:
         """Terminate the server's whole process group; SIGKILL whatever outlives `timeout`."""
         proc, self.process = self.process, None
-        if proc is not None and proc.poll() is None:
-            stop_process_group(proc, timeout)
+        if proc is None:
+            return
+        alive = proc.poll() is None
+        stop_process_group(proc, timeout)  # a dead guard's group too: vLLM's engine core may outlive it
+        if alive:
             log.info("vllm.stopped", url=self.url)
 
     def __enter__(self) -> VLLMServer:
