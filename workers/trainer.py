@@ -13,11 +13,9 @@ read from the store by run id (`vime.config.run_args`).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import sys
-import threading
 import uuid
 
 from temporalio.worker import Worker
@@ -44,25 +42,10 @@ async def serve(args, group: TrainerGroup) -> None:
     await run_until_signalled([announcer, own])
 
 
-def warm_imports() -> None:
-    """A long-lived trainer loads a run's model only when the run attaches; the libraries that
-    takes (transformers' model classes, peft) are imported now, in the background, so the first
-    run on a fresh fleet does not wait for them (the import lock makes an attach that comes
-    first simply wait for this)."""
-    def run() -> None:
-        with contextlib.suppress(ImportError):  # peft is the `lora` extra
-            import peft  # noqa: F401
-        import transformers.modeling_utils  # noqa: F401
-
-    threading.Thread(target=run, name="warm-imports", daemon=True).start()
-
-
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args_or_exit(argv)
     group = TrainerGroup(args, run_configs(args))
-    if group.shared:
-        warm_imports()
     if dist_utils.rank() != 0:
         group.follow()
         return 0
