@@ -166,7 +166,7 @@ def test_three_runs_with_their_own_rewards_train_at_once_on_one_server_and_one_t
     states = {r["run_id"]: (r["state"], r["steps_trained"]) for r in json.loads(listed.stdout)}
     assert all(states[f"r-{run}"] == ("finished", steps) for run in RUNS), states
     status = vime("status", "r-len", "--fleet", str(fleet.dir))
-    assert status.returncode == 0 and "finished" in status.stdout, status.stdout + status.stderr
+    assert status.returncode == 0 and f"completed at step {steps}/{steps}" in status.stdout, status.stdout + status.stderr
 
 
 def fleet_pid(fleet: Fleet, needle: str) -> int:

@@ -150,7 +150,7 @@ class EngineFleet:
     def _restart(self, slot: _Slot) -> int | None:
         """Start the server again on its port from the live weights; returns their version."""
         old = slot.server
-        old.stop(timeout=1.0)  # what its dead process left in its group (a SIGKILLed guard's engine core)
+        old.stop()  # what its dead process left in its group (a SIGKILLed guard's engine core)
         live = live_weights.current(self.run_dir) if self.follows_training else None
         model = str(live[0]) if live else old.model
         server = old.relaunch(model)

@@ -37,7 +37,7 @@ def open_existing(location: str | Path) -> Iterator[SampleStore]:
 
 
 def store_for(args: argparse.Namespace) -> str:
-    if not args.store_url and getattr(args, "fleet", None):
+    if not args.store_url and args.fleet:
         return f"sqlite:///{Path(args.fleet).resolve() / DB_FILENAME}"
     return args.store_url or str(run_dir_of(getattr(args, "run", None), args.run_dir))
 
@@ -47,7 +47,7 @@ def temporal_for(args: argparse.Namespace, launch: dict | None) -> str | None:
     serves), else the one of the run's running launch (`launch`: its launch.json)."""
     if args.temporal_address:
         return args.temporal_address
-    if getattr(args, "fleet", None):
+    if args.fleet:
         from vime.launcher.fleet_info import read_fleet
 
         try:
