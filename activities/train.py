@@ -88,7 +88,7 @@ class TrainerActivities:
         policy gives logprob -23 is 0.05 off with the right weights (the bf16 quickstart)."""
         if self._verify_atol is not None:
             return self._verify_atol, 0.0
-        trainer = self.group._tenant(run_id).trainer
+        trainer = self.group.tenant(run_id).trainer
         if trainer.dtype.itemsize == 4 and not self.group.args_of(run_id).low_precision_rollouts:
             return 1e-3, 0.0
         return 5e-2, 1e-2

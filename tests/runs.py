@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from vime.procs import leftover_processes
+from vime.procs import kill_leftovers, leftover_processes
 from vime.rollout.policy_check import sampled_versions
 from vime.train.trainer_group import trainable
 from vime.store import SampleStore
@@ -106,11 +106,7 @@ class TrainRun:
         """Test teardown: nothing of this run survives a failed test."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
-        for pid in leftover_processes(self.run_dir):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_leftovers(self.run_dir, timeout=0)
 
     # ---- watching --------------------------------------------------------------------------
 

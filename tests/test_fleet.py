@@ -19,7 +19,7 @@ import pytest
 from tests.runs import REPO, write_prompts
 from tests.test_bad_input import one_line_error
 from vime.launcher.fleet_info import FleetInfo, fleet_path, write_fleet
-from vime.procs import leftover_processes
+from vime.procs import kill_leftovers, leftover_processes
 from vime.rundir import RunDirLock
 from vime.store import SampleStore
 
@@ -108,11 +108,7 @@ class Fleet:
     def kill_all(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
-        for pid in leftover_processes(self.dir):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_leftovers(self.dir, timeout=0)
 
 
 def trained_exactly_once(store_url: str, run: str, steps: int, per_step: int) -> None:

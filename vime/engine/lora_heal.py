@@ -38,13 +38,12 @@ import aiohttp
 
 from vime.engine.client import EngineRequestError
 from vime.engine.weight_sync.checkpoint_load import engine_urls
-from vime.engine.weight_sync.lora_serving import adapters_dir, run_of
-from vime.errors import ServiceError, VimeError
+from vime.engine.weight_sync.lora_serving import adapters_dir, load_adapter, run_of
+from vime.errors import VimeError
 from vime.log import get_logger
 
 log = get_logger(__name__)
 T = TypeVar("T")
-LOAD_ROUTE = "/v1/load_lora_adapter"
 LOAD_TIMEOUT = aiohttp.ClientTimeout(total=120.0)
 
 
@@ -112,15 +111,12 @@ async def reload_adapter(args: Any, name: str, *, answered_by: str = "", since: 
                               "cannot be sampled from the policy it names")
         urls = engine_urls(args)
         async with aiohttp.ClientSession(timeout=LOAD_TIMEOUT) as http:
-            await asyncio.gather(*(_load(http, url, name, path) for url in urls))
+            async def post(url: str, route: str, payload: dict) -> tuple[int, str]:
+                async with http.post(url.rstrip("/") + route, json=payload) as resp:
+                    return resp.status, await resp.text()
+            # not in place: a server that holds it already is left alone
+            await asyncio.gather(*(load_adapter(post, url, name, path, inplace=False) for url in urls))
         heals.loaded_at[name] = time.monotonic()
     log.warning("lora.adapter_reloaded", adapter=name, server=answered_by, loaded_on=urls, directory=str(path))
     return True
 
-
-async def _load(http: aiohttp.ClientSession, url: str, name: str, path: Path) -> None:
-    """Load `name` on one server; a server that holds it already answers 400, which is fine."""
-    async with http.post(url.rstrip("/") + LOAD_ROUTE, json={"lora_name": name, "lora_path": str(path)}) as resp:
-        text = await resp.text()
-    if resp.status != 200 and not (resp.status == 400 and "already been loaded" in text):
-        raise ServiceError(f"{url} POST {LOAD_ROUTE} {name} (from {path}): HTTP {resp.status} {text.strip()[:300]}")

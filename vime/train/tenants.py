@@ -33,7 +33,7 @@ import torch
 from vime.engine.weight_sync.lora_serving import adapter_sync
 from vime.train import distributed as dist_utils
 from vime.train.lora import LoraConfig, wrap
-from vime.train.trainer import StepResult, Trainer, load_causal_lm
+from vime.train.trainer import StepResult, Trainer, load_causal_lm, policy_dtype
 
 
 def shares_base(args: Any) -> bool:
@@ -62,7 +62,7 @@ class SharedBase:
     def __init__(self, args: Any) -> None:
         self.key = base_key(args)
         self.device = dist_utils.init_distributed()
-        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.dtype = policy_dtype(self.device)
         self.path = args.hf_checkpoint
         self._hf = load_causal_lm(self.path, self.device, self.dtype, trainable=True,
                                   gradient_checkpointing=args.gradient_checkpointing, shard=False)
@@ -130,7 +130,4 @@ class Tenant:
 def tenant_trainer(args: Any, run_id: str, base: SharedBase) -> Tenant:
     """A run's fresh tenant on `base`."""
     trainer = Trainer(args, base=base, adapter=tenant_adapter(run_id))
-    with torch.random.fork_rng():
-        torch.manual_seed(args.seed)
-        rng = torch.get_rng_state()
-    return Tenant(run_id, args, trainer, rng=rng)
+    return Tenant(run_id, args, trainer, rng=torch.Generator().manual_seed(args.seed).get_state())

@@ -67,6 +67,11 @@ def lr_lambda(args: Any, total_steps: int):
     return f
 
 
+def policy_dtype(device: torch.device) -> torch.dtype:
+    """The trainer's weights: bf16 on GPUs, fp32 on CPU (where the servers' logprobs are compared to 1e-3)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
 def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, *, trainable: bool,
                    gradient_checkpointing: bool = False, lora: LoraConfig | None = None,
                    shard: bool = True) -> torch.nn.Module:
@@ -107,7 +112,7 @@ class Trainer:
         adapter switched off: the same weights a separately loaded reference would hold)."""
         self.args = args
         self.device = dist_utils.init_distributed()
-        self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.dtype = policy_dtype(self.device)
         self.model_path = model_path or args.hf_checkpoint
         self.sharded = dist_utils.world_size() > 1 if shard is None else shard
         self.lora = LoraConfig.from_args(args)

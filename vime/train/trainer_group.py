@@ -67,17 +67,10 @@ class TrainerGroup:
         self.base: SharedBase | None = None
         self.tenants: dict[str, Tenant] = {}
 
-    @property
-    def trainer(self) -> Trainer | None:
-        """The trainer of the one run held (or loaded for the worker's own run), else None."""
-        if len(self.tenants) == 1:
-            return next(iter(self.tenants.values())).trainer
-        return self.preloaded if not self.tenants else None
-
     def args_of(self, run_id: str | None) -> Any:
         """The config of a held run (of the one held when `run_id` is None: an old workflow's call)."""
         if run_id is None or run_id in self.tenants:
-            return self._tenant(run_id).args
+            return self.tenant(run_id).args
         return self.runs.args(run_id)
 
     def step_of(self, run_id: str) -> int:
@@ -165,7 +158,8 @@ class TrainerGroup:
             del self.tenants[run_id]
             held.trainer.base.remove(held.trainer.adapter)
 
-    def _tenant(self, run_id: str | None) -> Tenant:
+    def tenant(self, run_id: str | None) -> Tenant:
+        """The held run `run_id` (the one held when None: an old workflow's call); `NotAttached` otherwise."""
         if run_id is None and len(self.tenants) == 1:
             return next(iter(self.tenants.values()))
         held = self.tenants.get(run_id)
@@ -180,7 +174,7 @@ class TrainerGroup:
         failure, an error before the first token) is never marked, so the store's trained counts
         are what the model actually learned from.
         """
-        tenant = self._tenant(run_id)
+        tenant = self.tenant(run_id)
         with tenant.active() as trainer:
             if step + 1 == trainer.step and step in tenant.results:
                 return tenant.results[step].metrics
@@ -215,7 +209,7 @@ class TrainerGroup:
 
     def state_dict_and_probe(self, run_id: str | None = None) -> tuple[dict, list[int], list[float]]:
         """Full weights (rank 0) and the trainer's logprobs of a fixed probe sequence."""
-        with self._tenant(run_id).active() as trainer:
+        with self.tenant(run_id).active() as trainer:
             return (trainer.full_state_dict(), *self._probe(trainer))
 
     def adapter_and_probe(self, run_id: str | None = None) -> tuple[dict, dict, list[int], list[float], int]:
@@ -224,7 +218,7 @@ class TrainerGroup:
         (counted from the parameters' shapes, nothing gathered)."""
         from vime.train.lora import adapter_config
 
-        with self._tenant(run_id).active() as trainer:
+        with self.tenant(run_id).active() as trainer:
             adapter = trainer.adapter_state_dict()
             config = adapter_config(trainer.lora, trainer.model_path)
             full_bytes = sum(p.numel() * p.element_size() for n, p in trainer.model.named_parameters()
@@ -244,7 +238,7 @@ class TrainerGroup:
         return probe, expected
 
     def save(self, root: str, state: dict) -> str | None:
-        with self._tenant(state["run_id"]).active() as trainer:
+        with self.tenant(state["run_id"]).active() as trainer:
             path = save_checkpoint(trainer, root, state)
         return str(path) if path else None
 

@@ -32,8 +32,7 @@ from typing import Any
 import aiohttp
 import torch
 
-from vime.engine.weight_sync.lora_serving import RUNTIME_LORA_ENV, adapter_name  # noqa: F401 (re-exported)
-from vime.errors import ServiceError
+from vime.engine.weight_sync.lora_serving import RUNTIME_LORA_ENV, adapter_name, load_adapter  # noqa: F401 (RUNTIME_LORA_ENV re-exported)
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -96,14 +95,6 @@ class AdapterSync:
         async with self._http.post(url.rstrip("/") + route, json=payload) as resp:
             return resp.status, await resp.text()
 
-    async def _load(self, url: str, name: str, path: Path) -> None:
-        status, text = await self._post(url, "/v1/load_lora_adapter",
-                                        {"lora_name": name, "lora_path": str(path), "load_inplace": True})
-        if status != 200:
-            hint = (" (start it with --vllm-enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
-                    if status == 404 and "lora" not in text.lower() else "")
-            raise ServiceError(f"{url} POST /v1/load_lora_adapter {name}: HTTP {status} {text.strip()[:300]}{hint}")
-
     async def sync(self, adapter: Mapping[str, torch.Tensor], config: Mapping[str, Any],
                    weight_version: int) -> AdapterSyncReport:
         """Write the adapter of `weight_version`, load it on every server under `adapter_name`,
@@ -112,7 +103,7 @@ class AdapterSync:
         name = adapter_name(self.run, weight_version)
         path = self.directory / name
         size = write_adapter(adapter, config, path)
-        await asyncio.gather(*(self._load(url, name, path) for url in self.urls))
+        await asyncio.gather(*(load_adapter(self._post, url, name, path, inplace=True) for url in self.urls))
         self.loaded = [n for n in self.loaded if n != name] + [name]
         while len(self.loaded) > self.keep:
             old = self.loaded.pop(0)

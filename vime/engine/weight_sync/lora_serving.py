@@ -44,6 +44,25 @@ def run_of(name: str) -> str | None:
     return m.group(1) if m else None
 
 
+LOAD_ROUTE = "/v1/load_lora_adapter"
+
+
+async def load_adapter(post: Any, url: str, name: str, path: str | Path, *, inplace: bool) -> None:
+    """Ask the server at `url` to serve the adapter directory `path` as `name`; `post(url, route,
+    payload)` sends a request and returns `(status, text)`. `inplace` replaces a name already
+    loaded; without it, a server that holds the name (HTTP 400 "already been loaded") is left as it
+    is. Any other answer is a `ServiceError`."""
+    from vime.errors import ServiceError
+
+    payload = {"lora_name": name, "lora_path": str(path), **({"load_inplace": True} if inplace else {})}
+    status, text = await post(url, LOAD_ROUTE, payload)
+    if status == 200 or (not inplace and status == 400 and "already been loaded" in text):
+        return
+    hint = (" (start it with --vllm-enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"
+            if status == 404 and "lora" not in text.lower() else "")
+    raise ServiceError(f"{url} POST {LOAD_ROUTE} {name} (from {path}): HTTP {status} {text.strip()[:300]}{hint}")
+
+
 def _has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
