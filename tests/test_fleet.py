@@ -202,3 +202,20 @@ def test_a_run_that_would_change_the_shared_server_is_refused(tmp_path, tiny_mod
     done = vime("train", "--fleet", str(tmp_path / "fleet"), *run_flags(tmp_path, "a", 2), *flags)
     assert done.returncode == 2
     assert message in one_line_error(done.stderr), done.stderr
+
+
+def test_a_run_followed_on_a_fleet_that_stops_ends_its_launch_with_one_line(tmp_path, tiny_model_dir):
+    """Drilled: SIGTERM to `vime fleet` while `vime train --fleet` followed a run left the launch
+    retrying the dead Temporal address, a warning a second; it now stops with what to do."""
+    import asyncio
+
+    from vime.errors import ServiceError
+    from vime.launcher.fleet_launch import _FleetAlive
+
+    fake_fleet_json(tmp_path / "fleet", tiny_model_dir)
+    alive = _FleetAlive(str(tmp_path / "fleet"), "exp-a")
+    asyncio.run(alive.check())  # this process is the "fleet": it serves
+    (tmp_path / "fleet" / "fleet.json").unlink()  # what a stopped fleet leaves
+    with pytest.raises(ServiceError, match=r"the fleet in .* stopped; run exp-a waits in its files: start the fleet "
+                                           r"again \(vime fleet --fleet-dir .*\) and run this command again"):
+        asyncio.run(alive.check())

@@ -13,7 +13,8 @@ from __future__ import annotations
 import contextlib
 from types import SimpleNamespace
 
-from vime.launcher.fleet_info import process_started_at
+from vime.errors import ConfigError, ServiceError
+from vime.launcher.fleet_info import process_started_at, read_fleet
 from vime.launcher.launch import Launch, run_to_end
 
 
@@ -37,6 +38,11 @@ class FleetLaunch(Launch):
     def workers(self, temporal_address: str, fleet) -> list:
         return []
 
+    def services(self, temporal, fleet, handle) -> list:
+        """The fleet itself: once it stops, its Temporal and servers are gone, and following the
+        run would only retry a dead address; the run waits in the fleet's files instead."""
+        return [*super().services(temporal, fleet, handle), _FleetAlive(self.fleet_dir, self.args.run_id)]
+
     def stopped_line(self, resume_command: str) -> str:
         p = self.follower.progress if self.follower else {}
         where = f"at step {p['step']}/{self.args.num_rollout}" if "step" in p else "before its first step"
@@ -47,3 +53,18 @@ class FleetLaunch(Launch):
 
 def main(args, fleet_dir: str) -> int:
     return run_to_end(args, launch=FleetLaunch(args, fleet_dir))[0]
+
+
+class _FleetAlive:
+    """A follower's service check: the fleet this run is on still serves (its `fleet.json`, its pid)."""
+
+    def __init__(self, fleet_dir: str, run_id: str) -> None:
+        self.fleet_dir, self.run_id = fleet_dir, run_id
+
+    async def check(self) -> None:
+        try:
+            read_fleet(self.fleet_dir)
+        except ConfigError:
+            raise ServiceError(f"the fleet in {self.fleet_dir} stopped; run {self.run_id} waits in its files: start "
+                               f"the fleet again (vime fleet --fleet-dir {self.fleet_dir} ...) and run this command "
+                               "again to continue it") from None
