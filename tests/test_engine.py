@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 from pathlib import Path
 
@@ -217,8 +218,10 @@ def test_one_cpu_rank_runs_its_model_in_the_engine_core_and_without_dynamo():
     if is_cpu_build():  # the environment follows the command the server runs
         env = server.environment()
         assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["TORCHDYNAMO_DISABLE"] == "1"
-    assert cpu_server_env(["--distributed-executor-backend", "uni", "--enforce-eager"]) == {
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "TORCHDYNAMO_DISABLE": "1"}
+    env = cpu_server_env(["--distributed-executor-backend", "uni", "--enforce-eager"])
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and env["TORCHDYNAMO_DISABLE"] == "1"
+    # the threads vLLM's own worker process would bind: one core left to the rest of the host
+    assert int(env["OMP_NUM_THREADS"]) == max(1, len(os.sched_getaffinity(0)) - 1)
     # the user's choice of executor, several ranks, or compilation: vLLM's own behaviour
     for user in (["--distributed-executor-backend", "mp"], ["--tensor-parallel-size", "2"], ["-dp", "2"]):
         assert "--distributed-executor-backend" not in default_server_args(user, cpu=True)

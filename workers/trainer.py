@@ -23,6 +23,7 @@ from temporalio.worker import Worker
 from activities.train import TrainerActivities
 from vime.config.args import parse_args_or_exit
 from vime.config.run_args import run_configs
+from vime.train import cpu_threads
 from vime.train import distributed as dist_utils
 from vime.train.trainer_group import TrainerGroup
 from vime.temporal.build_id import code_build_id
@@ -45,6 +46,7 @@ async def serve(args, group: TrainerGroup) -> None:
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args_or_exit(argv)
+    cpu_threads.apply(args)  # a CPU trainer beside its local engine leaves it a core when rollouts overlap
     group = TrainerGroup(args, run_configs(args))
     if dist_utils.rank() != 0:
         group.follow()
