@@ -35,13 +35,11 @@ with workflow.unsafe.imports_passed_through():
     from vime.envs.group_workflow import group_workflow_id as rollout_workflow_id
     from vime.envs.group_workflow import starting_search_attributes
     from vime.temporal.activity_bounds import rollout_activity_options, rollout_heartbeat_seconds
-    from vime.temporal.retry import rollout_retry_policy
     from workflows.rollout import ROLLOUT_STEP, RolloutInput, RolloutOutput, RolloutStepInput, RolloutStepOutput
     from workflows.steps import RECORD_STEP, RECORDED_STEPS, RecordedStep, RecordedStepsInput, StepRecord
 
 HOOK_FAILURES_PATCH = "hook-failures"  # workflows recorded before failed groups were counted and replaced
 POOL_STEP_PATCH = "pool-step-accounting"  # fully async histories from before: the old refill, no failure bound
-LOCAL_RECORD_PATCH = "record-step-local"  # histories from before the manifest was a local activity
 
 
 def mean_perf(groups: list[RolloutOutput]) -> dict[str, float]:
@@ -202,13 +200,6 @@ class StepCollection:
             meta["perf"] = perf
         record = StepRecord(cfg.run_id, step, [rid for g in groups for rid in g.rollout_ids], weight_version,
                             self.state.data_position, meta)
-        if cfg.local_activities and workflow.patched(LOCAL_RECORD_PATCH):
-            # In the worker that runs this workflow, as the groups are: one store write that the
-            # step waits for, without an activity task's dispatch (0.03-0.1 s a step here). A
-            # worker lost mid-write replays it; the manifest is written once, a retry reads it.
-            return await workflow.execute_local_activity(
-                RECORD_STEP, record, result_type=RecordedStep, start_to_close_timeout=timedelta(seconds=300),
-                retry_policy=rollout_retry_policy())
         return await workflow.execute_activity(
             RECORD_STEP, record, result_type=RecordedStep, task_queue=cfg.rollout_task_queue,
             **rollout_activity_options(cfg.rollout_heartbeat_seconds, timedelta(seconds=300)))

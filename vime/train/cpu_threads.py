@@ -38,9 +38,9 @@ def threads_beside_rollouts(args: Any, *, cuda: bool, cores: int | None = None,
     environ = os.environ if environ is None else environ
     if cuda or environ.get("OMP_NUM_THREADS"):
         return None
-    if not (getattr(args, "max_staleness", 0) >= 1 or getattr(args, "fully_async", False)):
+    if not (args.max_staleness >= 1 or args.fully_async):
         return None
-    host = getattr(args, "vllm_router_ip", None)
+    host = args.vllm_router_ip
     if host is not None and host not in LOCAL_HOSTS:
         return None
     cores = cores or _cores()
