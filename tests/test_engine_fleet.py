@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from vime.engine import fleet as fleet_module
 from vime.engine.fleet import EngineFleet
 from vime.errors import ServiceError
 from vime.procs import spawn, stop_process_group
@@ -25,6 +26,10 @@ class SleepingServer:
         self.model, self.log_path, self.port = model, log_path, port
         self.url = f"http://127.0.0.1:{port}"
         self.process = None
+        self.healthy = True  # what `/health` answers
+
+    def is_healthy(self) -> bool:
+        return self.healthy
 
     def start(self) -> SleepingServer:
         self.process = spawn([sys.executable, "-c", "import time; time.sleep(600)"], self.log_path)
@@ -74,6 +79,27 @@ async def test_a_dead_server_comes_back_on_its_address_and_the_third_death_stops
         with pytest.raises(ServiceError, match=r"vLLM server 0 \(http://127.0.0.1:4242\) died 3 times in 10 minutes; "
                                                r"last error: killed by SIGKILL; see .*vllm-0.log"):
             await fleet.check()
+
+
+async def test_a_live_server_that_stops_answering_health_is_stopped_and_restarted(tmp_path, monkeypatch):
+    """vLLM's API server outlives a dead engine core, waiting for clients' open connections to
+    close: a run must not wait on it forever. A few failed probes are not a death."""
+    monkeypatch.setattr(fleet_module, "HUNG_AFTER_S", 0.5)
+    with EngineFleet([SleepingServer("base-model", tmp_path / "vllm-0.log")], run_dir=tmp_path) as fleet:
+        first = fleet.slots[0].server
+        first.healthy = False
+        assert await fleet.check() == [] and not fleet.restarting, "one failed probe is not a death"
+        first.healthy = True
+        await asyncio.sleep(0.6)
+        assert await fleet.check() == [], "an answer resets the clock"
+        first.healthy = False
+        await fleet.check()
+        await asyncio.sleep(0.6)
+        lines = await restarted(fleet)
+        assert "vLLM server 0 (http://127.0.0.1:4242) died (alive but answering no /health for 0 s; stopped)" \
+            in lines[0]
+        assert first.process.poll() is not None, "the hung process is gone"
+        assert fleet.slots[0].server is not first and "is back at http://127.0.0.1:4242" in lines[-1]
 
 
 async def test_a_frozen_models_server_comes_back_on_its_checkpoint_not_the_policys_live_weights(

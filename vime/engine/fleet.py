@@ -7,6 +7,11 @@ weight version), so clients and the trainer find it where it was and nothing sam
 weights. Requests that were in flight fail as infrastructure failures and their rollouts are
 retried by Temporal once the server is back.
 
+A server whose process lives on but that stops answering `/health` for `HUNG_AFTER_S` counts as
+dead too: when its engine core dies, vLLM's API server starts its shutdown and then waits, without
+a bound, for the connections clients keep open (drilled: kill -9 of the engine core left a run
+waiting for 10 minutes). It is stopped and restarted the same way.
+
 A server that keeps dying (`MAX_DEATHS` within `DEATH_WINDOW_S`) is not restarted again: `check`
 raises `ServiceError` with one line naming the server, its log and its last error.
 A router in front of several servers is supervised the same way (same port, same workers).
@@ -36,6 +41,7 @@ MAX_DEATHS = 3
 DEATH_WINDOW_S = 600.0
 START_TIMEOUT_S = 300.0  # what VLLMServer waits by default; under load start-up takes ~2 min
 RESTART_TIMEOUT_S = 600.0
+HUNG_AFTER_S = 20.0  # a live server that answered no /health probe for this long is restarted
 
 
 @dataclass
@@ -47,6 +53,7 @@ class _Slot:
     deaths: deque = field(default_factory=deque)  # monotonic times of deaths in the window
     restart: asyncio.Task | None = None
     died_at: float = 0.0
+    unanswered_since: float | None = None  # monotonic time of the first failed /health probe in a row
 
 
 class EngineFleet:
@@ -118,9 +125,14 @@ class EngineFleet:
                     lines.append(self._restart_result(slot))
                 continue
             proc = slot.server.process
-            if proc is None or proc.poll() is None:
+            if proc is None:
                 continue
-            lines.append(self._on_death(slot, proc.returncode))
+            if proc.poll() is None:
+                if not await self._hung(slot):
+                    continue
+                lines.append(self._on_death(slot, None))
+            else:
+                lines.append(self._on_death(slot, proc.returncode))
             slot.restart = asyncio.create_task(asyncio.to_thread(self._restart, slot))
         if self.router is not None and self.router.process is not None and self.router.process.poll() is not None:
             lines.append(self._restart_router())
@@ -130,14 +142,27 @@ class EngineFleet:
     def restarting(self) -> bool:
         return any(slot.restart is not None for slot in self.slots)
 
-    def _on_death(self, slot: _Slot, code: int) -> str:
+    async def _hung(self, slot: _Slot) -> bool:
+        """Whether the live server has answered no `/health` probe for `HUNG_AFTER_S`."""
+        if await asyncio.to_thread(slot.server.is_healthy):
+            slot.unanswered_since = None
+            return False
         now = time.monotonic()
+        if slot.unanswered_since is None:
+            slot.unanswered_since = now
+        return now - slot.unanswered_since >= HUNG_AFTER_S
+
+    def _on_death(self, slot: _Slot, code: int | None) -> str:
+        """`code` None: the process lives but stopped answering (`_hung`)."""
+        now = time.monotonic()
+        slot.unanswered_since = None
         slot.died_at = now
         slot.deaths.append(now)
         while slot.deaths and now - slot.deaths[0] > DEATH_WINDOW_S:
             slot.deaths.popleft()
         server = slot.server
-        cause = exit_cause(code, server.log_path)
+        cause = (exit_cause(code, server.log_path) if code is not None else
+                 f"alive but answering no /health for {HUNG_AFTER_S:.0f} s; stopped")
         if len(slot.deaths) >= MAX_DEATHS:
             raise ServiceError(
                 f"vLLM server {self._label(slot)} ({server.url}) died {len(slot.deaths)} times in "
