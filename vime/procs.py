@@ -26,6 +26,14 @@ RUN_DIR_ENV = "VIME_RUN_DIR"
 _spawned: weakref.WeakSet[subprocess.Popen] = weakref.WeakSet()  # this process's children, for `ask_all_to_stop`
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def spawn(cmd: Sequence[str], log_path: str | Path, *, env: Mapping[str, str] | None = None,
           run_dir: str | Path | None = None) -> subprocess.Popen:
     """Start `cmd` under the guard, output appended to `log_path` (a header line marks each start,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from vime.errors import ConfigError, ServiceError
 from vime.log import get_logger
-from vime.procs import log_tail, spawn, stop_process_group
+from vime.procs import log_tail, spawn, stop_process_group, usable_cores
 
 log = get_logger(__name__)
 
@@ -189,14 +189,6 @@ def _cpu_executor_args(user_args: Sequence[str]) -> list[str]:
     return ["--distributed-executor-backend", "uni"]
 
 
-def _engine_threads() -> int:
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores - 1)
-
-
 def cpu_server_env(command: Sequence[str]) -> dict[str, str]:
     """The environment a CPU server of `command` needs beside its flags.
 
@@ -214,7 +206,7 @@ def cpu_server_env(command: Sequence[str]) -> dict[str, str]:
     env: dict[str, str] = {}
     if _flag_value(command, "--distributed-executor-backend") == "uni":
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        env["OMP_NUM_THREADS"] = str(_engine_threads())
+        env["OMP_NUM_THREADS"] = str(max(1, usable_cores() - 1))
     if "--enforce-eager" in command:
         env["TORCHDYNAMO_DISABLE"] = "1"
     return env

@@ -21,6 +21,7 @@ import weakref
 from pathlib import Path
 
 from vime.errors import ConfigError
+from vime.procs import usable_cores
 
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 """What of the host a sandbox sees by default (read-only): the runtime that python3, git, node
@@ -104,7 +105,7 @@ def default_max_concurrent() -> int:
     wait (on I/O, a model, a sleeping test), and a long one holds its slot, so one per core would
     queue a worker's concurrent rollouts behind each other; the bound is against a pile-up that
     makes every command's wall clock run out, not against sharing cores."""
-    return max(8, 4 * len(os.sched_getaffinity(0)))
+    return max(8, 4 * usable_cores())
 
 
 def slot(cap: int) -> asyncio.Semaphore:

@@ -18,17 +18,11 @@ import os
 from typing import Any
 
 from vime.log import get_logger
+from vime.procs import usable_cores
 
 log = get_logger(__name__)
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def threads_beside_rollouts(args: Any, *, cuda: bool, cores: int | None = None,
@@ -43,7 +37,7 @@ def threads_beside_rollouts(args: Any, *, cuda: bool, cores: int | None = None,
     host = args.vllm_router_ip
     if host is not None and host not in LOCAL_HOSTS:
         return None
-    cores = cores or _cores()
+    cores = cores or usable_cores()
     return cores - 1 if cores >= 2 else None
 
 
