@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 import signal
 import sqlite3
 import subprocess
@@ -66,6 +67,19 @@ def kill9(run: TrainRun, kind: str):
     return lambda: os.kill(run.pid(kind), signal.SIGKILL)
 
 
+def kill9_engine_core(run: TrainRun):
+    """kill -9 of vLLM's engine core alone: its API server lives on, and may wait without a bound
+    for the connections clients keep open (drilled: a run waited 10 minutes); supervision restarts
+    a server that answers no /health for 20 s."""
+    def fault() -> None:
+        api = run.pid("vllm")
+        children = Path(f"/proc/{api}/task/{api}/children").read_text().split()
+        cores = [int(p) for p in children if "EngineCor" in Path(f"/proc/{p}/comm").read_text()]
+        assert cores, f"no engine core under vLLM's API server {api}"
+        os.kill(cores[0], signal.SIGKILL)
+    return fault
+
+
 WORKER_DEATH_SEEN_S = 10.0  # issue 21: ~30 s before; the supervisor now waits on each worker
 
 
@@ -110,7 +124,7 @@ def test_a_run_survives_sigterm_and_each_of_its_parts_dying_and_trains_every_sam
         tiny_model_dir, tmp_path, capsys):
     """One run that `vime train` starts whole (its own Temporal dev server and vLLM server). In turn:
     SIGTERM before the first checkpoint (a clean stop, its time reported) and the same
-    command; kill -9 of the vLLM server, of the Temporal dev server, of the rollout worker, of the
+    command; kill -9 of the vLLM server, of its engine core alone, of the Temporal dev server, of the rollout worker, of the
     trainer worker; SIGSTOP of the vLLM server for 25 s (past its 15 s stall bound); an exclusive
     lock on its store for 45 s; then on to the end. kill -9 of the launcher is drilled on the
     shared server (the next test): one relaunch here is the case, and each costs a vLLM start.
@@ -124,7 +138,7 @@ def test_a_run_survives_sigterm_and_each_of_its_parts_dying_and_trains_every_sam
     # a drill spans 3-4 steps (the one before the fault, the next, the one after it, and any that
     # finished while the test looked); the SIGTERM takes up to 4 more
     run = TrainRun(tmp_path, tiny_model_dir, "--vllm-max-model-len", "512", "--engine-progress-timeout", "15",
-                   "--save-interval", "8", "--rollout-max-response-len", "64", steps=36, groups=4)
+                   "--save-interval", "8", "--rollout-max-response-len", "64", steps=40, groups=4)
     try:
         run.start()
         run.wait_for_step(2, STEP_TIMEOUT)  # the next step's rollouts are in flight
@@ -139,6 +153,7 @@ def test_a_run_survives_sigterm_and_each_of_its_parts_dying_and_trains_every_sam
         report(capsys, f"SIGTERM after step {stopped_at}: stopped cleanly {took:.1f} s later")
         run.start()
         drill(run, capsys, "kill -9 of the vLLM server", kill9(run, "vllm"))
+        drill(run, capsys, "kill -9 of vLLM's engine core", kill9_engine_core(run))
         drill(run, capsys, "kill -9 of the Temporal dev server", kill9(run, "temporal"))
         drill(run, capsys, "kill -9 of the rollout worker", kill9_worker(run, "rollout", capsys))
         drill(run, capsys, "kill -9 of the trainer worker", kill9_worker(run, "trainer", capsys))

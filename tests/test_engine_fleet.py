@@ -26,10 +26,10 @@ class SleepingServer:
         self.model, self.log_path, self.port = model, log_path, port
         self.url = f"http://127.0.0.1:{port}"
         self.process = None
-        self.healthy = True  # what `/health` answers
+        self.healthy = True  # False: `/health` refuses (an error status or a refused connection)
 
-    def is_healthy(self) -> bool:
-        return self.healthy
+    def refuses(self) -> bool:
+        return not self.healthy
 
     def start(self) -> SleepingServer:
         self.process = spawn([sys.executable, "-c", "import time; time.sleep(600)"], self.log_path)
@@ -81,7 +81,7 @@ async def test_a_dead_server_comes_back_on_its_address_and_the_third_death_stops
             await fleet.check()
 
 
-async def test_a_live_server_that_stops_answering_health_is_stopped_and_restarted(tmp_path, monkeypatch):
+async def test_a_live_server_whose_health_refuses_is_stopped_and_restarted(tmp_path, monkeypatch):
     """vLLM's API server outlives a dead engine core, waiting for clients' open connections to
     close: a run must not wait on it forever. A few failed probes are not a death."""
     monkeypatch.setattr(fleet_module, "HUNG_AFTER_S", 0.5)
@@ -96,7 +96,7 @@ async def test_a_live_server_that_stops_answering_health_is_stopped_and_restarte
         await fleet.check()
         await asyncio.sleep(0.6)
         lines = await restarted(fleet)
-        assert "vLLM server 0 (http://127.0.0.1:4242) died (alive but answering no /health for 0 s; stopped)" \
+        assert "vLLM server 0 (http://127.0.0.1:4242) died (alive but its /health refused for 0 s; stopped)" \
             in lines[0]
         assert first.process.poll() is not None, "the hung process is gone"
         assert fleet.slots[0].server is not first and "is back at http://127.0.0.1:4242" in lines[-1]
@@ -123,3 +123,39 @@ async def test_a_frozen_models_server_comes_back_on_its_checkpoint_not_the_polic
     assert frozen.slots[0].server.model == "reward-model" and "its checkpoint (a frozen model)" in frozen_lines[-1]
     assert "vLLM server reward 0 (http://127.0.0.1:4244) died" in frozen_lines[0]
     assert "restarting it on the same address with its checkpoint (a frozen model)" in frozen_lines[0]
+
+
+def test_a_server_refuses_when_health_errs_or_its_port_is_closed_not_when_it_is_only_slow():
+    """What `EngineFleet` restarts after `HUNG_AFTER_S`: an API server without its engine (an error
+    status) or in its shutdown (a refused connection). A stopped or busy server (the probe times
+    out) is not restarted for it: SIGSTOP of vLLM for 25 s is the clients' stall bound's case."""
+    import http.server
+    import socket
+    import threading
+
+    from vime.engine.server import VLLMServer, free_port
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        status = 200
+
+        def do_GET(self):
+            self.send_response(self.status)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        server = VLLMServer("m", port=httpd.server_address[1])
+        assert not server.refuses()
+        Health.status = 503  # vLLM's /health once its engine died
+        assert server.refuses()
+    finally:
+        httpd.shutdown()
+    assert VLLMServer("m", port=free_port()).refuses(), "nothing listens: refused"
+    with socket.socket() as silent:  # listens, never answers: what a SIGSTOPped server looks like
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        assert not VLLMServer("m", port=silent.getsockname()[1]).refuses()

@@ -7,10 +7,12 @@ weight version), so clients and the trainer find it where it was and nothing sam
 weights. Requests that were in flight fail as infrastructure failures and their rollouts are
 retried by Temporal once the server is back.
 
-A server whose process lives on but that stops answering `/health` for `HUNG_AFTER_S` counts as
-dead too: when its engine core dies, vLLM's API server starts its shutdown and then waits, without
-a bound, for the connections clients keep open (drilled: kill -9 of the engine core left a run
-waiting for 10 minutes). It is stopped and restarted the same way.
+A server whose process lives on but whose `/health` refuses (an error status, or a refused
+connection) for `HUNG_AFTER_S` counts as dead too: when its engine core dies, vLLM's API server
+starts its shutdown and then waits, without a bound, for the connections clients keep open
+(drilled: kill -9 of the engine core left a run waiting for 10 minutes). It is stopped and
+restarted the same way. A server that is only slow to answer (busy, or SIGSTOPped: probes time
+out) is left alone, as before: the clients' stall bound handles it.
 
 A server that keeps dying (`MAX_DEATHS` within `DEATH_WINDOW_S`) is not restarted again: `check`
 raises `ServiceError` with one line naming the server, its log and its last error.
@@ -41,7 +43,7 @@ MAX_DEATHS = 3
 DEATH_WINDOW_S = 600.0
 START_TIMEOUT_S = 300.0  # what VLLMServer waits by default; under load start-up takes ~2 min
 RESTART_TIMEOUT_S = 600.0
-HUNG_AFTER_S = 20.0  # a live server that answered no /health probe for this long is restarted
+HUNG_AFTER_S = 20.0  # a live server whose /health refused for this long is restarted
 
 
 @dataclass
@@ -53,7 +55,7 @@ class _Slot:
     deaths: deque = field(default_factory=deque)  # monotonic times of deaths in the window
     restart: asyncio.Task | None = None
     died_at: float = 0.0
-    unanswered_since: float | None = None  # monotonic time of the first failed /health probe in a row
+    unanswered_since: float | None = None  # monotonic time of the first refused /health probe in a row
 
 
 class EngineFleet:
@@ -143,8 +145,8 @@ class EngineFleet:
         return any(slot.restart is not None for slot in self.slots)
 
     async def _hung(self, slot: _Slot) -> bool:
-        """Whether the live server has answered no `/health` probe for `HUNG_AFTER_S`."""
-        if await asyncio.to_thread(slot.server.is_healthy):
+        """Whether the live server's `/health` has refused every probe for `HUNG_AFTER_S`."""
+        if not await asyncio.to_thread(slot.server.refuses):
             slot.unanswered_since = None
             return False
         now = time.monotonic()
@@ -162,7 +164,7 @@ class EngineFleet:
             slot.deaths.popleft()
         server = slot.server
         cause = (exit_cause(code, server.log_path) if code is not None else
-                 f"alive but answering no /health for {HUNG_AFTER_S:.0f} s; stopped")
+                 f"alive but its /health refused for {HUNG_AFTER_S:.0f} s; stopped")
         if len(slot.deaths) >= MAX_DEATHS:
             raise ServiceError(
                 f"vLLM server {self._label(slot)} ({server.url}) died {len(slot.deaths)} times in "

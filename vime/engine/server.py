@@ -360,6 +360,22 @@ class VLLMServer:
         except (urllib.error.URLError, OSError):
             return False
 
+    def refuses(self) -> bool:
+        """Whether `/health` answers with an error status or the port refuses connections: an API
+        server alive without its engine, or stuck in its shutdown. A server that is only slow (a
+        probe that times out, as when it is stopped or busy) does not refuse."""
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2):
+                return False
+        except urllib.error.HTTPError:
+            return True
+        except urllib.error.URLError as e:
+            return isinstance(e.reason, ConnectionRefusedError)
+        except ConnectionRefusedError:
+            return True
+        except OSError:  # a timeout, a reset: not known to be dead
+            return False
+
     def stop(self, timeout: float = 20.0) -> None:
         """Terminate the server's whole process group; SIGKILL whatever outlives `timeout`."""
         proc, self.process = self.process, None
