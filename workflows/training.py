@@ -92,7 +92,9 @@ T = TypeVar("T")
 SYNC_METRICS = ("wire_bytes", "full_bytes", "changed", "total", "held", "probe_max_abs_diff")  # `sync_<key>` per step
 
 
-@workflow.defn(name=TRAINING_WORKFLOW)
+# Outside Temporal's sandbox, as RolloutWorkflow: tests/test_unsandboxed_workflows.py says why and
+# checks in the source what the sandbox checked at run time.
+@workflow.defn(name=TRAINING_WORKFLOW, sandboxed=False)
 class TrainingWorkflow:
     def __init__(self) -> None:
         self.cfg: TrainingConfig | None = None
