@@ -23,6 +23,7 @@ from torch.distributed.fsdp import fully_shard
 from vime.train import distributed as dist_utils
 from vime.train.advantages import AdvantageConfig, Advantages, advantages_from_config
 from vime.train.batching import TrainSample, group_rollouts, pack, plan_micro_batches, prepare_step, split_into_steps
+from vime.train.forward import response_logits
 from vime.train.lora import ADAPTER_NAME, LoraConfig, adapter_weights, decoder_layers, is_adapter_key, merged_weights
 from vime.train.lora import wrap as lora_wrap
 from vime.train.losses import LossConfig, compute_loss, entropy_from_logits, kl_divergence, token_logprobs
@@ -163,7 +164,7 @@ class Trainer:
             out = model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device), use_cache=False)
             return None, out.logits.sum() * 0.0, None
         packed = pack(micro_batch).to(self.device)
-        logits = model(**packed.model_inputs()).logits[0, packed.logit_index]
+        logits = response_logits(model, packed)
         lp = token_logprobs(logits, packed.targets, self.temperature)
         ent = None
         if entropy:
