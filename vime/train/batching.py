@@ -12,7 +12,9 @@ sample, or the siblings of a fan-out sharing `rollout_id`. Invariants kept here:
 Packing puts several samples in one row with `position_ids` restarting at 0 per sample and no
 attention mask. transformers 5.x then builds a block-diagonal causal mask from the position ids,
 but only when no KV cache is in play: call the model with `use_cache=False`
-(`PackedBatch.model_inputs()` does), or the samples attend to each other silently.
+(`PackedBatch.model_inputs()` does), or the samples attend to each other silently. Under sdpa
+that mask is T x T for the whole row; `vime.train.forward` lays a micro-batch out as padded rows
+instead when they cost less.
 """
 
 from __future__ import annotations
