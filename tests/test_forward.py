@@ -110,3 +110,25 @@ def test_many_samples_of_similar_length_are_padded_and_a_long_one_among_short_on
     with torch.no_grad():
         for p in (group_like, skewed):
             assert torch.allclose(response_logits(model, p), packed_row_logits(model, p), atol=1e-5)
+
+
+class WithoutLogitsToKeep(torch.nn.Module):
+    """A causal LM whose forward has no `logits_to_keep` (older or custom model code)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner, self.config = model, model.config
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=use_cache)
+
+
+def test_a_model_without_logits_to_keep_gets_its_response_logits_cut_from_all_of_them():
+    model = qwen2("sdpa").eval()
+    bare = WithoutLogitsToKeep(model)
+    p = pack(random_samples(GROUP_LIKE, seed=8))
+    with torch.no_grad():
+        expected = packed_row_logits(model, p)
+        assert torch.allclose(padded_logits(bare, p), expected, atol=1e-5)
+        assert torch.allclose(packed_logits(bare, p), expected, atol=1e-5)
