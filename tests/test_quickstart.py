@@ -150,3 +150,20 @@ def test_the_quickstart_raises_mean_reward_to_0_9_within_10_minutes(training_ser
     assert vime("samples", "quickstart", "--json", "--limit", "0") == before, "rescore changes no stored sample"
     again = json.loads(vime("rescore", "quickstart", "--custom-rm-path", "shorter_is_better.rm", "--json"))
     assert again["written"] == 0 and again["steps"] == rescored["steps"], "the same code again: a no-op"
+
+
+def test_the_summary_counts_every_step_of_a_run_longer_than_the_state_keeps(tmp_path, capsys):
+    """The training state keeps the last 100 steps' metrics; the closing line and the curve read
+    metrics.jsonl, which has them all (a 130-step run said "100 steps" from step 31's reward)."""
+    import json
+
+    from examples.quickstart.run import summarize
+
+    lines = [{"step": s, "reward_mean": s / 1000, "finished_at": 1.0 + s} for s in range(130)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    summarize("quickstart", tmp_path, lines[-100:], 1.0)
+    out = capsys.readouterr().out
+    assert "mean reward 0.00 at step 1 -> 0.13 over the last 3 steps, 130 steps" in out
+    (tmp_path / "elsewhere").mkdir()
+    summarize("quickstart", tmp_path / "elsewhere", lines[-100:], 1.0)
+    assert "mean reward 0.03 at step 1" in capsys.readouterr().out  # no metrics.jsonl: what the state kept

@@ -128,9 +128,20 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def every_step(run_dir: Path, kept: list[dict]) -> list[dict]:
+    """Every step's metrics line, from `metrics.jsonl`: the run's state keeps the last 100 only
+    (`kept`, used when the file has fewer lines, e.g. a run dir without it)."""
+    from vime.metrics_log import read_metrics
+
+    lines = read_metrics(run_dir)
+    return lines if len(lines) >= len(kept) else kept
+
+
 def summarize(name: str, run_dir: Path, metrics: list[dict], seconds: float, extra: str = "") -> None:
     """Plot the reward curve and print (and write to `summary.txt`) the run's one-line summary,
-    with each eval set's reward at the first and the last round when the run evaluated."""
+    with each eval set's reward at the first and the last round when the run evaluated. Over
+    every step of `metrics.jsonl` when it has them all (`metrics`: what the run's state kept)."""
+    metrics = every_step(run_dir, metrics)
     rewards = [m["reward_mean"] for m in metrics if not m.get("eval_only")]
     plot_curve(rewards, run_dir / "reward_curve.png", title=f"{name}: mean reward per step")
     first, last = rewards[0], sum(rewards[-3:]) / len(rewards[-3:])
