@@ -2,7 +2,7 @@
 requests sent straight to the same vLLM server, alternating in one run (issue #25, item 2).
 
     .venv/bin/python bench/rollout_overhead.py [--rounds 3] [--steps 3] [--max-response-len 16]
-                                               [--vllm-url URL] [--out DIR] [-- QUICKSTART_FLAGS ...]
+                                               [--floor] [--vllm-url URL] [--out DIR] [-- QUICKSTART_FLAGS ...]
 
 One vLLM CPU server of the tiny model (started here, or `--vllm-url`, which must take weight
 syncs). Each round:
@@ -19,10 +19,18 @@ syncs). Each round:
     the same `EngineClient` vime's generate uses, after a `/reset_prefix_cache` (vime's requests
     of that step found none of their prompts cached either). The figure is the batch's wall time.
 
-Prints the medians of both, the mean response length of each (the weights differ between the two
-sides: each vime step samples from the weights of the step before, the direct side from the
-round's last), and the ratio vime/direct against the goal of 1.3. A vime run that failed, a step
-with a failed sample, or a failed direct request fails the bench: one line, exit 1.
+With `--floor`, `--rounds` more runs follow the rounds (last, as they train on fixed tokens and
+sync those weights into the server too):
+
+(c) vime without an engine: the same quickstart with a generate hook that samples nothing
+    (`fixed_generate`: the prompt's ids and `--max-response-len` fixed tokens, no HTTP); its
+    rollout wait is what the orchestration alone costs a step (8 child workflows, their local
+    activities, the reward, the store writes), the part of (a) that no engine speed removes.
+
+Prints the medians of each side, the mean response length of (a) and (b) (the weights differ
+between the two: each vime step samples from the weights of the step before, the direct side from
+the round's last), and the ratio vime/direct against the goal of 1.3. A vime run that failed, a
+step with a failed sample, or a failed direct request fails the bench: one line, exit 1.
 """
 
 from __future__ import annotations
@@ -53,6 +61,21 @@ def server_flags(url: str) -> list[str]:
     return ["--vllm-router-ip", host, "--vllm-router-port", port, "--vllm-server-urls", url]
 
 
+async def fixed_generate(args, sample, sampling_params):
+    """A generate hook that samples nothing (`--floor`): the prompt's ids, then `max_tokens`
+    fixed response tokens, each with log-prob -1; no request leaves the rollout worker."""
+    from vime.rollout.generate import prompt_token_ids
+    from vime.types import Sample
+
+    if not sample.tokens:
+        sample.tokens = prompt_token_ids(args, sample)
+    n = int(sampling_params.get("max_tokens") or 16)
+    sample.tokens = [*sample.tokens, *((sample.index * 7 + i) % 200 + 10 for i in range(n))]
+    sample.response_length, sample.loss_mask, sample.rollout_log_probs = n, [1] * n, [-1.0] * n
+    sample.status = Sample.Status.COMPLETED
+    return sample
+
+
 def run_vime(run_dir: Path, url: str, steps: int, max_len: int, extra: list[str]) -> list[float]:
     """The quickstart for `steps` steps on `url`; each step's rollout wait after the first."""
     from vime.metrics_log import read_metrics
@@ -63,7 +86,8 @@ def run_vime(run_dir: Path, url: str, steps: int, max_len: int, extra: list[str]
             *extra]
     console = run_dir.with_suffix(".out")
     with open(console, "w") as log:
-        code = subprocess.run(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=log,
+        code = subprocess.run(argv, cwd=REPO, env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'bench'}"},
+                              stdout=log,
                               stderr=subprocess.STDOUT, check=False).returncode
     if code != 0:
         raise BenchFailed(f"the vime run exited {code}; see {console}")
@@ -161,6 +185,8 @@ def main() -> int:
     parser.add_argument("--max-response-len", type=int, default=16)
     parser.add_argument("--vllm-url", default=None, help="a running vLLM server of the tiny model that takes "
                         "weight syncs (else one is started)")
+    parser.add_argument("--floor", action="store_true", help="also run the quickstart with a generate hook that "
+                        "samples nothing: the rollout phase's orchestration alone")
     parser.add_argument("--out", default=str(REPO / "runs" / time.strftime("rollout-overhead-%Y%m%d-%H%M%S")))
     argv = sys.argv[1:]
     extra = argv[argv.index("--") + 1:] if "--" in argv else []
@@ -177,6 +203,7 @@ def main() -> int:
           f"samples, {opts.max_response_len} tokens), then the same requests direct; runs in {out}", flush=True)
     vime: list[float] = []
     direct: list[float] = []
+    floor: list[float] = []
     vime_len: list[float] = []
     direct_len: list[float] = []
     try:
@@ -196,6 +223,12 @@ def main() -> int:
                 direct += walls
                 print(f"round {i}: vime rollout " + " ".join(f"{w:.2f}" for w in waits) + " s; direct " +
                       " ".join(f"{w:.2f}" for w in walls) + " s", flush=True)
+            for i in range(1, opts.rounds + 1 if opts.floor else 1):  # after the others: their weights are synced too
+                waits = run_vime(out / f"floor-{i}", url, opts.steps, opts.max_response_len,
+                                 [*extra, "--custom-generate-function-path", "rollout_overhead.fixed_generate"])
+                floor += waits
+                print(f"floor {i}: vime rollout without an engine " + " ".join(f"{w:.2f}" for w in waits) + " s",
+                      flush=True)
     except BenchFailed as e:
         print(f"rollout_overhead: FAILED: {e}", file=sys.stderr, flush=True)
         return 1
@@ -204,6 +237,10 @@ def main() -> int:
           "response tokens per sample")
     print(f"direct, same requests (median of {len(direct)} batches): {d:.2f} s, {statistics.mean(direct_len):.1f} "
           "response tokens per sample")
+    if floor:
+        f = statistics.median(floor)
+        print(f"vime without an engine (median of {len(floor)} steps): {f:.2f} s: the orchestration alone, "
+              f"{f / d:.2f}x the direct batch")
     print(f"rollout_overhead: vime/direct {v / d:.2f}x (goal <= {GOAL}x: {'met' if v / d <= GOAL else 'missed'}); "
           f"{v - d:+.2f} s a step", flush=True)
     return 0

@@ -269,14 +269,16 @@ def test_the_rollout_overhead_benchmark_prints_no_ratio_when_the_engine_is_unrea
 def test_the_rollout_overhead_benchmark_compares_a_quickstart_step_with_the_same_requests_sent_direct(
         training_server, tmp_path):
     """One round: the quickstart for 2 steps on the suite's training server (it takes weight
-    syncs), then step 1's 64 requests again, straight to it."""
+    syncs), then step 1's 64 requests again, straight to it; then (`--floor`) the quickstart with
+    a generate hook that samples nothing: the orchestration alone."""
     result = subprocess.run([sys.executable, "bench/rollout_overhead.py", "--rounds", "1", "--steps", "2",
-                             "--vllm-url", training_server.url, "--out", str(tmp_path / "out")],
+                             "--vllm-url", training_server.url, "--out", str(tmp_path / "out"), "--floor"],
                             capture_output=True, text=True, cwd=REPO, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-2000:]
     assert re.search(r"vime rollout phase \(median of 1 steps\): \d+\.\d\d s", result.stdout), result.stdout
     assert re.search(r"direct, same requests \(median of 1 batches\): \d+\.\d\d s", result.stdout), result.stdout
     assert re.search(r"rollout_overhead: vime/direct \d+\.\d\dx \(goal <= 1\.3x: (met|missed)\)", result.stdout)
+    assert re.search(r"vime without an engine \(median of 1 steps\): \d+\.\d\d s", result.stdout), result.stdout
 
 
 def test_the_multi_tenant_benchmark_prints_no_table_when_a_run_failed_or_missed_a_step(tmp_path):
