@@ -140,7 +140,7 @@ class TrainerActivities:
     @final_config_errors
     async def attach_trainer(self, inp: AttachInput) -> int:
         self._hold(inp.run_id)
-        step = await self._run("attach", inp.run_id, inp.step, inp.checkpoint, inp.current)
+        step = await self._run("attach", inp.run_id, inp.step, inp.checkpoint)
         log.info("trainer.attached", run_id=inp.run_id, step=step, held=sorted(self.group.tenants))
         return step
 
