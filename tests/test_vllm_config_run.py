@@ -60,7 +60,7 @@ vllm:
         overrides: {{max_model_len: 256}}
 """)
     calls = tmp_path / "reward_calls.jsonl"
-    steps = 4
+    steps = 12  # enough left after the kill at step 1 that the run needs the reward model again (a step is ~0.5 s)
     run = TrainRun(tmp_path, tiny_model_dir, "--vllm-config", str(topology), "--vllm-max-model-len", "512",
                    "--custom-rm-path", "rm_client.score", steps=steps, groups=2, n=2,
                    env={"REWARD_CALLS": str(calls)})
