@@ -23,6 +23,7 @@ from structlog.contextvars import bound_contextvars
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
+from vime.aio import to_thread_to_end
 from vime.temporal.retry import final_config_errors
 from vime.temporal.heartbeat import heartbeating
 from vime.temporal.store_calls import store_call
@@ -94,9 +95,15 @@ class TrainerActivities:
         return 5e-2, 1e-2
 
     async def _run(self, name: str, *payload):
+        """Run the group command `name` in a thread, one command at a time.
+
+        A cancelled activity (its heartbeat timed out, the workflow gave up on it) cannot stop
+        the thread: the lock is held until the thread ends (`vime.aio`), or the workflow's next
+        command (a re-attach, a newer sync) would run beside it on the same weights.
+        """
         async with heartbeating(), self._lock:  # waiting for other runs' commands, heartbeating
             try:
-                return await asyncio.to_thread(self.group.call, name, *payload)
+                return await to_thread_to_end(self.group.call, name, *payload)
             except NotAttached as e:  # taken over by another run: the workflow attaches again
                 raise ApplicationError(str(e), type=WORKER_LOST) from None
 

@@ -19,7 +19,7 @@ ROOTS = ("vime", "workflows", "activities", "workers")
 
 LAYERS: list[tuple[str, ...]] = [
     # vime/: the library, from the ground up
-    ("vime.types", "vime.errors", "vime.log", "vime.cache"),
+    ("vime.types", "vime.errors", "vime.log", "vime.cache", "vime.aio"),
     # plumbing every layer may use: hooks by dotted path, child processes, the run directory,
     # --vllm-*/--router-* forwarding (the engine's topology reads it), metrics and sample lines
     ("vime.plugins", "vime.procguard", "vime.procs", "vime.rundir", "vime.config.forward", "vime.config.vllm_options",

@@ -401,3 +401,44 @@ def test_a_trainer_serves_one_run_until_it_is_released_or_its_lease_runs_out():
     trainer._hold("b")
     asyncio.run(trainer.release_trainer("b"))  # run b ended
     trainer._hold("c")
+
+
+class BlockingGroup(NoModel):
+    """A trainer group whose commands run until the test lets them end, noting each start and end."""
+
+    def __init__(self) -> None:
+        import threading
+        self.release = threading.Event()
+        self.events: list[str] = []
+
+    def call(self, name, *payload):
+        self.events.append(f"{name} starts")
+        if name == "train_step":
+            self.release.wait(10)
+        self.events.append(f"{name} ends")
+        return name
+
+
+def test_a_cancelled_trainer_command_holds_the_trainer_until_its_thread_ends():
+    """A thread cannot be cancelled: a command whose activity was cancelled (its heartbeat timed
+    out) must end before the next one starts, or a re-attach or a newer sync runs beside it."""
+    group = BlockingGroup()
+    trainer = TrainerActivities(group, "q")
+
+    async def main():
+        step = asyncio.create_task(trainer._run("train_step", "run", 3))
+        await asyncio.sleep(0.2)
+        step.cancel()  # again and again: the wait for the thread is not cut short either
+        await asyncio.sleep(0.05)
+        step.cancel()
+        sync = asyncio.create_task(trainer._run("state_dict_and_probe", "run"))
+        await asyncio.sleep(0.3)
+        assert group.events == ["train_step starts"]  # the next command waits for the thread
+        group.release.set()
+        assert await sync == "state_dict_and_probe"
+        with pytest.raises(asyncio.CancelledError):
+            await step
+
+    asyncio.run(main())
+    assert group.events == ["train_step starts", "train_step ends", "state_dict_and_probe starts",
+                            "state_dict_and_probe ends"]

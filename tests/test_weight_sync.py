@@ -129,6 +129,43 @@ async def test_an_unreachable_server_fails_naming_the_server_and_the_route(tmp_p
         WeightSync("http://x", pause_mode="wait")  # type: ignore[arg-type]
 
 
+async def test_a_cancelled_sync_ends_its_staging_before_the_next_sync_stages(tmp_path, monkeypatch):
+    """A sync Temporal cancelled (its activity timed out) must not stage beside the next one: its
+    thread would write the delta tracker and a weights file under the newer sync's feet."""
+    import threading
+
+    from vime.engine.weight_sync import sync as sync_module
+
+    events, release = [], threading.Event()
+
+    def slow_prepare(state_dict, dtype):
+        events.append(f"prepare v{int(state_dict['x'][0])} starts")
+        if not release.is_set():
+            release.wait(10)
+        events.append(f"prepare v{int(state_dict['x'][0])} ends")
+        return dict(state_dict)
+
+    async def pushed(staged, *, then=None):
+        events.append(f"push v{staged.weight_version}")
+        return staged.weight_version
+
+    monkeypatch.setattr(sync_module, "prepare_tensors", slow_prepare)
+    async with WeightSync("http://127.0.0.1:1", directory=tmp_path) as ws:
+        monkeypatch.setattr(ws, "init_servers", lambda: asyncio.sleep(0))
+        monkeypatch.setattr(ws, "push", pushed)
+        first = asyncio.create_task(ws.sync({"x": torch.full((2,), 2.0)}, 2))
+        await asyncio.sleep(0.2)
+        first.cancel()
+        second = asyncio.create_task(ws.sync({"x": torch.full((2,), 3.0)}, 3))
+        await asyncio.sleep(0.3)
+        assert events == ["prepare v2 starts"]  # the next sync waits for the cancelled one's thread
+        release.set()
+        assert await second == 3
+        with pytest.raises(asyncio.CancelledError):
+            await first
+    assert events == ["prepare v2 starts", "prepare v2 ends", "prepare v3 starts", "prepare v3 ends", "push v3"]
+
+
 # -- against a vLLM CPU server -----------------------------------------------------------------
 
 

@@ -50,6 +50,7 @@ from typing import Any
 import aiohttp
 import torch
 
+from vime.aio import to_thread_to_end
 from vime.engine.weight_sync import delta as weight_delta
 from vime.engine.weight_sync.collective import DEFAULT_BUCKET_BYTES, SyncGroup
 from vime.engine.weight_sync.protocol import BACKENDS, PauseMode, SyncEngine, UpdateMode, weight_sync_server_args
@@ -110,6 +111,7 @@ class WeightSync:
         self._http: aiohttp.ClientSession | None = None
         self._initialized: set[str] = set()
         self._lock = asyncio.Lock()  # pushes never overlap
+        self._order = asyncio.Lock()  # syncs (stage + push) never overlap either: see `sync`
         self._prefix = f"vime-weights-{os.getpid()}-{secrets.token_hex(4)}"
 
     async def __aenter__(self) -> WeightSync:
@@ -190,8 +192,11 @@ class WeightSync:
 
     async def sync(self, state_dict: Mapping[str, torch.Tensor], weight_version: int | None = None, *,
                    then: Callable[[Path], None] | None = None) -> SyncReport:
-        """Push `state_dict` (HF names, full tensors: gather FSDP shards first) to every server."""
-        return await self.push(await self.stage(state_dict, weight_version), then=then)
+        """Push `state_dict` (HF names, full tensors: gather FSDP shards first) to every server.
+        One sync at a time, in the order asked: a cancelled sync ends (its staging threads
+        included) before the next one stages against the delta tracker."""
+        async with self._order:
+            return await self.push(await self.stage(state_dict, weight_version), then=then)
 
     async def stage(self, state_dict: Mapping[str, torch.Tensor], weight_version: int | None = None) -> StagedWeights:
         """Write the weights file (in a thread: the event loop keeps serving heartbeats), init
@@ -204,8 +209,8 @@ class WeightSync:
             self._initialized.clear()
             raise
         t_write = time.perf_counter()
-        tensors = await asyncio.to_thread(prepare_tensors, state_dict, self.dtype)
-        planned, stats = await asyncio.to_thread(self._plan, tensors)
+        tensors = await to_thread_to_end(prepare_tensors, state_dict, self.dtype)
+        planned, stats = await to_thread_to_end(self._plan, tensors)
         delta = self._tracker.is_delta(planned)
         staged = StagedWeights(path=None, num_tensors=len(planned), bytes=0, weight_version=version, write_seconds=0.0,
                                started=t0, tensors=tensors, planned=planned, changed=stats.changed,
@@ -214,7 +219,7 @@ class WeightSync:
             entries = weight_delta.file_entries(planned)
             staged.path = self.directory / f"{self._prefix}-v{version}.safetensors"
             staged.num_tensors = len(entries)
-            staged.bytes = await asyncio.to_thread(write_weights_file, entries, staged.path, version)
+            staged.bytes = await to_thread_to_end(write_weights_file, entries, staged.path, version)
         else:
             staged.bytes = sum(weight_delta.payload_nbytes(item) for item in planned.values())
         staged.write_seconds = time.perf_counter() - t_write
@@ -267,7 +272,7 @@ class WeightSync:
                 self._tracker.commit(staged.tensors, staged.weight_version, staged.planned)
             if then is not None and not dense_file:  # live weights are a full checkpoint, written after the pause
                 path = self.directory / f"{self._prefix}-v{staged.weight_version}.safetensors"
-                await asyncio.to_thread(write_weights_file, staged.tensors, path, staged.weight_version)
+                await to_thread_to_end(write_weights_file, staged.tensors, path, staged.weight_version)
                 then(path)
         self.weight_version = staged.weight_version
         report = SyncReport(weight_version=staged.weight_version, bytes=staged.bytes, pause_seconds=pause_seconds,
