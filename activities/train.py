@@ -147,7 +147,7 @@ class TrainerActivities:
     @final_config_errors
     async def attach_trainer(self, inp: AttachInput) -> int:
         self._hold(inp.run_id)
-        step = await self._run("attach", inp.run_id, inp.step, inp.checkpoint)
+        step = await self._run("attach", inp.run_id, inp.step, inp.checkpoint, inp.current)
         log.info("trainer.attached", run_id=inp.run_id, step=step, held=sorted(self.group.tenants))
         return step
 

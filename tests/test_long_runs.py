@@ -61,7 +61,7 @@ def completed_results(history, activity: str) -> list:
 async def test_a_run_continues_as_new_three_times_with_a_prefetched_step_in_flight(training_server, tiny_model_dir,
                                                                                   tmp_path):
     run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), "--max-staleness", "1",
-                   "--continue-as-new-after-steps", "2", steps=7, groups=2, n=4)
+                   "--continue-as-new-after-steps", "2", "--save-interval", "7", steps=7, groups=2, n=4)
     try:
         assert run.run_to_end(900) == 0, run.tail()
         run.assert_trained_exactly_once()
@@ -78,6 +78,10 @@ async def test_a_run_continues_as_new_three_times_with_a_prefetched_step_in_flig
             assert [r["step"] for r in completed_results(history, "recorded_steps")[0]] == [2 * k]
             recorded = sorted(json.loads(p)["step"] for p in scheduled_inputs(history, "record_step"))
             assert recorded == list(range(2 * k + 1, min(run.steps, 2 * k + 3)))
+        # no checkpoint before the end, yet the trainer, holding the run across generations, replays nothing
+        for k, history in enumerate(generations):
+            trained = sorted(json.loads(p)["step"] for p in scheduled_inputs(history, "train_step"))
+            assert trained == list(range(2 * k, min(run.steps, 2 * k + 2)))
         for history in generations:
             for payload in scheduled_inputs(history, "train_step"):
                 assert json.loads(payload) == {"run_id": run.run_id, "step": json.loads(payload)["step"]}

@@ -155,3 +155,32 @@ def test_leases_let_lora_runs_of_one_base_in_together_up_to_the_bound_and_keep_o
     one._hold("exp-a")
     with pytest.raises(ApplicationError, match="is training run 'exp-a'"):
         one._hold("exp-c")
+
+
+def test_a_trainer_holding_the_run_at_its_last_step_keeps_it_and_one_that_failed_part_way_does_not(store_url):
+    """What the workflow's re-attach gets (after a continue-as-new, or a transient error): the
+    run's state when the trainer stands where the run does (`current`), else a reload to the
+    checkpoint (here: the initial weights) and a replay of the steps since."""
+    from vime.train.trainer import PART_APPLIED
+
+    group = long_lived(store_url)
+    group.attach("full", 0, None)
+    for step in range(2):
+        group.train_step("full", step)
+    trained = group.tenants["full"].trainer
+    assert group.attach("full", 0, None, 2) == 2 and group.tenants["full"].trainer is trained  # nothing replayed
+    assert group.attach("full", 0, None, 1) == 0 and group.tenants["full"].trainer is not trained  # reloaded
+
+    group.train_step("full", 0)
+    trainer = group.tenants["full"].trainer
+
+    def fails_after_one_update(samples):  # two optimizer steps per rollout step: the first went in
+        with torch.no_grad():
+            next(trainer.model.parameters()).add_(1.0)
+        raise RuntimeError("out of memory in the second micro-batch")
+
+    trainer.train_step = fails_after_one_update
+    with pytest.raises(RuntimeError, match="out of memory"):
+        group.train_step("full", 1)
+    assert trainer.step == PART_APPLIED
+    assert group.attach("full", 0, None, 1) == 0  # its weights are no step's: reloaded, the run replays step 0

@@ -34,6 +34,7 @@ class AttachInput:
     run_id: str
     step: int  # the step the trainer must be at after attaching
     checkpoint: str | None = None
+    current: int | None = None  # the steps the run has trained: a trainer holding it there keeps it
 
 
 @dataclass

@@ -177,7 +177,8 @@ class TrainerSession:
         return await call(info)
 
     async def _attach(self) -> TrainerInfo:
-        """Pick a live trainer and bring it to `state.checkpoint_step`, then replay to `state.step`."""
+        """Pick a live trainer and bring it to `state.checkpoint_step`, then replay to `state.step`
+        (unless it holds the run at `state.step` already)."""
         cfg, state = self.cfg, self.state
         self.set_phase("attach")
         info = await workflow.execute_activity(
@@ -186,8 +187,12 @@ class TrainerSession:
             start_to_close_timeout=timedelta(seconds=30),  # an answer is instant: a lost attempt is tried again
             retry_policy=RetryPolicy(maximum_attempts=0, maximum_interval=timedelta(seconds=10)))
         self.leased = info.queue
+        # A trainer that still holds the run at its last step (a continue-as-new, a re-attach after
+        # a transient error) keeps it: no reload, no replay. Not while syncs are held: the servers
+        # must get the weights of the synced step, which the trainer no longer has.
+        current = None if state.held_syncs else state.step
         at = await workflow.execute_activity(
-            ATTACH_TRAINER, AttachInput(cfg.run_id, state.checkpoint_step, state.checkpoint),
+            ATTACH_TRAINER, AttachInput(cfg.run_id, state.checkpoint_step, state.checkpoint, current),
             result_type=int, task_queue=info.queue, schedule_to_start_timeout=timedelta(seconds=30),
             heartbeat_timeout=timedelta(seconds=cfg.trainer_heartbeat_seconds),
             start_to_close_timeout=timedelta(seconds=3600), retry_policy=RetryPolicy(maximum_attempts=1))

@@ -97,6 +97,10 @@ def load_causal_lm(path: str, device: torch.device, dtype: torch.dtype, *, train
     return model
 
 
+PART_APPLIED = -1
+"""`Trainer.step` after a step that raised part-way (with several optimizer steps per rollout
+step, the first may have gone in): the weights are no step's, so a re-attach reloads them."""
+
 class Trainer:
     """Policy, optional frozen reference, AdamW and the LR schedule, on this rank.
 
@@ -139,7 +143,7 @@ class Trainer:
         self.opd_config = OpdConfig.from_args(args)
         self.temperature = args.rollout_temperature
         self.budget = args.max_tokens_per_gpu or default_token_budget(self.device)
-        self.step = 0  # rollout steps applied to these weights
+        self.step = 0  # rollout steps applied to these weights (PART_APPLIED: a step failed part-way)
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """What the optimizer updates: every weight, or with LoRA the adapter's only (on a shared

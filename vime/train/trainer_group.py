@@ -19,7 +19,7 @@ from vime.store import SampleStore
 from vime.train import distributed as dist_utils
 from vime.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from vime.train.tenants import SharedBase, Tenant, base_key, shares_base, tenant_trainer
-from vime.train.trainer import Trainer
+from vime.train.trainer import PART_APPLIED, Trainer
 from vime.types import Sample
 
 log = get_logger(__name__)
@@ -105,18 +105,21 @@ class TrainerGroup:
 
     # ---- commands ----------------------------------------------------------------------------
 
-    def attach(self, run_id: str, step: int, checkpoint: str | None) -> int:
+    def attach(self, run_id: str, step: int, checkpoint: str | None, current: int | None = None) -> int:
         """Bring the run's weights to `step` (a checkpoint's, or the initial ones at 0); return the step.
 
-        A run already held at `step` keeps its state (the workflow re-attached after a transient
-        error). Otherwise a LoRA run on a long-lived trainer becomes a tenant of the shared base (a
-        fresh adapter, then its checkpoint); any other run gets the whole trainer: what was held
-        is freed before its model loads (the worker's own run reuses the model loaded at start).
+        A run already held at `step`, or at `current` (the steps the run has trained), keeps its
+        state and that step is returned: the workflow re-attached after a transient error, or
+        continued as new, and replays nothing (a 130-step run without a checkpoint stood 26 s at
+        step 71 replaying 70 steps after a continue-as-new). Otherwise a LoRA run on a long-lived
+        trainer becomes a tenant of the shared base (a fresh adapter, then its checkpoint); any
+        other run gets the whole trainer: what was held is freed before its model loads (the
+        worker's own run reuses the model loaded at start).
         """
         run_args = self.runs.args(run_id)
         held = self.tenants.get(run_id)
-        if held is not None and held.args is run_args and held.trainer.step == step:
-            return step
+        if held is not None and held.args is run_args and held.trainer.step in (step, current):
+            return held.trainer.step
         if not checkpoint and step != 0:
             raise ValueError(f"attach: step {step} without a checkpoint")
         if self.shared and shares_base(run_args):
@@ -189,7 +192,11 @@ class TrainerGroup:
             if not samples:
                 raise ConfigError(f"step {step} of run {run_id!r} has no trainable sample (every one failed or is "
                                   f"empty); nothing to train on")
-            result = trainer.train_step(samples)
+            try:
+                result = trainer.train_step(samples)
+            except BaseException:
+                trainer.step = PART_APPLIED  # an optimizer step may have gone in: no re-attach keeps these weights
+                raise
         if dist_utils.rank() == 0:
             t0 = time.monotonic()
             self.store.mark_trained(run_id, [key for key, _ in keyed], step)
