@@ -278,3 +278,39 @@ def vime_status(run: TrainRun) -> str:
                            "--json"], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def test_a_trainer_stopped_past_its_heartbeat_timeout_is_re_attached_and_its_resumed_command_overlaps_nothing(
+        training_server, tiny_model_dir, tmp_path, capsys):
+    """SIGSTOP of the trainer worker for twice its heartbeat timeout, again and again: the train
+    step or sync it was running times out, the workflow re-attaches (the same trainer, once it
+    runs again) while the stopped command's thread resumes. That thread must end before the
+    re-attach or the next sync uses the weights (`vime/aio.py`); a re-attach to a trainer that
+    holds the run where it stands replays nothing. Every step trained once, on policy."""
+    run = TrainRun(tmp_path, tiny_model_dir, *engine_flags(training_server), "--heartbeat-timeout", "4",
+                   "--max-staleness", "1", "--continue-as-new-after-steps", "4", "--save-interval", "100",
+                   steps=24, groups=4, n=4)
+    log = run.run_dir / "worker-rollout.log"  # the workflow's own log lines
+
+    def reattached() -> int:
+        return log.read_text().count("re-attaching") if log.exists() else 0
+
+    try:
+        run.start()
+        stops = 0
+        while reattached() < 2 and run.steps_done() < run.steps - 6:
+            run.wait_for_step(run.steps_done() + 2, STEP_TIMEOUT)
+            pid = run.pid("trainer")
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(8)
+            os.kill(pid, signal.SIGCONT)
+            stops += 1  # the workflow (on the rollout worker) saw the timeout while the trainer stood
+        assert run.wait(STEP_TIMEOUT) == 0, run.tail()
+        report(capsys, f"{stops} SIGSTOPs of the trainer for 8 s (heartbeat timeout 4 s): "
+                       f"{reattached()} calls timed out and re-attached")
+        assert reattached() >= 1, f"no SIGSTOP landed on a trainer call in {stops} tries:\n{run.tail()}"
+        run.assert_trained_exactly_once()
+        run.assert_on_policy(1)
+        run.assert_nothing_left()
+    finally:
+        run.kill_all()
