@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import socket
 import time
+from collections.abc import Callable
 from typing import Any
 
 from structlog.contextvars import bound_contextvars
@@ -36,7 +37,7 @@ from vime.errors import ServiceError
 from vime.log import get_logger
 from vime.train.trainer_group import NotAttached, TrainerGroup
 from workflows.trainer_calls import (ATTACH_TRAINER, PICK_TRAINER, RELEASE_TRAINER, SAVE_CHECKPOINT, SYNC_WEIGHTS,
-                                     TRAIN_STEP, TRAINER_BUSY, WORKER_LOST, AttachInput, PickInput, SaveInput, SyncInput,
+                                     SUPERSEDED, TRAIN_STEP, TRAINER_BUSY, WORKER_LOST, AttachInput, PickInput, SaveInput, SyncInput,
                                      TrainerInfo, TrainInput)
 
 log = get_logger(__name__)
@@ -51,6 +52,36 @@ def weight_sync_for(args: Any, urls: list[str]) -> WeightSync:
     collective engine, --update-weight-buffer-size bytes per broadcast bucket."""
     return WeightSync(urls, engine=args.weight_sync_engine, update_mode=args.update_weight_mode,
                       bucket_bytes=args.update_weight_buffer_size)
+
+
+class CallOrder:
+    """Which trainer call of each run is its newest, so that one the workflow gave up on does nothing.
+
+    A run's workflow waits for each trainer call before it makes the next, unless it gave up on
+    it (a timeout, a `trainer_lost` signal): then a newer call of the run comes while the old one
+    runs on here until Temporal's cancel reaches it, at its next heartbeat (seconds later, or
+    never when it is the one that waits). Found in CI (the chaos test, twice): after a relaunch, a
+    sync that waited for the starting vLLM server was given up on; the workflow re-attached and
+    synced versions 2 and 3, then the old sync got its server and pushed its weights as version 2,
+    and a server restarted next booted them. So each call is numbered when it starts (`admit`),
+    and checks, before anything the servers or the trainer keep, that no newer call of its run came.
+    """
+
+    def __init__(self) -> None:
+        self._newest: dict[str, int] = {}  # run id -> the number of its newest call
+
+    def admit(self, run_id: str | None) -> Callable[[], None]:
+        """Number a call of `run_id` as its newest; the check returned raises `SUPERSEDED` once a newer one came."""
+        key = run_id or ""
+        number = self._newest[key] = self._newest.get(key, 0) + 1
+
+        def check() -> None:
+            if self._newest[key] != number:
+                raise ApplicationError(
+                    f"run {run_id!r}: a newer trainer call came, so this one was given up on (a timeout, a lost "
+                    "trainer); it stops before changing anything", type=SUPERSEDED, non_retryable=True,
+                    category=ApplicationErrorCategory.BENIGN)
+        return check
 
 
 class TrainerActivities:
@@ -77,6 +108,7 @@ class TrainerActivities:
         self._sync: WeightSync | None = None
         self._adapter_syncs: dict[str, Any] = {}  # each LoRA run's AdapterSync (vime.engine.weight_sync.adapter)
         self._leases: dict[str, float] = {}  # run id -> time.monotonic() its lease expires
+        self._calls = CallOrder()
 
     @classmethod
     def serving(cls, group: TrainerGroup, queue: str) -> TrainerActivities:
@@ -94,14 +126,17 @@ class TrainerActivities:
             return 1e-3, 0.0
         return 5e-2, 1e-2
 
-    async def _run(self, name: str, *payload):
+    async def _run(self, name: str, *payload, check: Callable[[], None] | None = None):
         """Run the group command `name` in a thread, one command at a time.
 
         A cancelled activity (its heartbeat timed out, the workflow gave up on it) cannot stop
         the thread: the lock is held until the thread ends (`vime.aio`), or the workflow's next
-        command (a re-attach, a newer sync) would run beside it on the same weights.
+        command (a re-attach, a newer sync) would run beside it on the same weights. `check`
+        (`CallOrder.admit`) refuses a command whose workflow gave up on it while it waited.
         """
         async with heartbeating(), self._lock:  # waiting for other runs' commands, heartbeating
+            if check is not None:
+                check()  # given up on while it waited: another command of the run came since
             try:
                 return await to_thread_to_end(self.group.call, name, *payload)
             except NotAttached as e:  # taken over by another run: the workflow attaches again
@@ -130,6 +165,7 @@ class TrainerActivities:
     @activity.defn(name=PICK_TRAINER)
     async def pick_trainer(self, inp: PickInput | None = None) -> TrainerInfo:
         if inp is not None:  # a workflow recorded before leases picks without saying who it is
+            self._calls.admit(inp.run_id)  # the workflow gave up on any call of the run still running
             self._hold(inp.run_id)
         step = self.group.step_of(inp.run_id) if inp is not None else 0
         return TrainerInfo(self.queue, step, f"{socket.gethostname()}:{self.queue}")
@@ -137,6 +173,7 @@ class TrainerActivities:
     @activity.defn(name=RELEASE_TRAINER)
     async def release_trainer(self, run_id: str) -> None:
         """The run ended: its lease (and, for a LoRA tenant, its adapter) is freed for the next run."""
+        self._calls.admit(run_id)
         if self._leases.pop(run_id, None) is not None and run_id in self.group.tenants:
             await self._run("release", run_id)
         sync = self._adapter_syncs.pop(run_id, None)
@@ -146,8 +183,9 @@ class TrainerActivities:
     @activity.defn(name=ATTACH_TRAINER)
     @final_config_errors
     async def attach_trainer(self, inp: AttachInput) -> int:
+        check = self._calls.admit(inp.run_id)
         self._hold(inp.run_id)
-        step = await self._run("attach", inp.run_id, inp.step, inp.checkpoint, inp.current)
+        step = await self._run("attach", inp.run_id, inp.step, inp.checkpoint, inp.current, check=check)
         log.info("trainer.attached", run_id=inp.run_id, step=step, held=sorted(self.group.tenants))
         return step
 
@@ -155,9 +193,10 @@ class TrainerActivities:
     @final_config_errors
     async def train_step(self, inp: TrainInput) -> dict:
         """Train one step; its line in the worker's log names the run (a trainer serves many)."""
+        check = self._calls.admit(inp.run_id)
         self._hold(inp.run_id)
         with bound_contextvars(run_id=inp.run_id):
-            metrics = await self._run("train_step", inp.run_id, inp.step)
+            metrics = await self._run("train_step", inp.run_id, inp.step, check=check)
             log.info("train_step.done", step=inp.step, **{k: metrics[k] for k in STEP_LOG_KEYS if k in metrics})
         return metrics
 
@@ -172,25 +211,25 @@ class TrainerActivities:
         """
         run_id = inp.run_id or next(iter(self.group.tenants), None)  # an old workflow's input names none
         with bound_contextvars(run_id=run_id):  # in every line
-            return await self._sync_weights(dataclasses.replace(inp, run_id=run_id))
+            return await self._sync_weights(dataclasses.replace(inp, run_id=run_id), self._calls.admit(run_id))
 
-    async def _sync_weights(self, inp: SyncInput) -> dict:
+    async def _sync_weights(self, inp: SyncInput, check: Callable[[], None]) -> dict:
         args = self.group.args_of(inp.run_id)
         urls = list(inp.engine_urls) or engine_urls(args)
         if lora_serving.adapter_sync(args):
-            return await self._sync_adapter(inp, urls)
-        weights, probe, expected = await self._run("state_dict_and_probe", inp.run_id)
+            return await self._sync_adapter(inp, urls, check)
+        weights, probe, expected = await self._run("state_dict_and_probe", inp.run_id, check=check)
         if self._sync is None or self._sync.urls != urls:
             self._sync = weight_sync_for(args, urls)
         publish = functools.partial(live_weights.publish, run_dir=args.run_dir, base_checkpoint=args.hf_checkpoint)
 
         async def push():
-            report = await self._sync.sync(weights, inp.weight_version, then=publish)
+            report = await self._sync.sync(weights, inp.weight_version, then=publish, check=check)
             return report, None
         report, worst = await self._retry_sync(urls, push, probe, expected, inp.run_id)
         return {**dataclasses.asdict(report), "probe_max_abs_diff": worst}
 
-    async def _sync_adapter(self, inp: SyncInput, urls: list[str]) -> dict:
+    async def _sync_adapter(self, inp: SyncInput, urls: list[str], check: Callable[[], None]) -> dict:
         """A LoRA run: only the adapter moves (`AdapterSync`), loaded on every server as
         `<run>-v<version>`, which the run's rollouts of that version request; the probe is checked
         against that name. The versions a group may still sample under (`--max-staleness` + 1) stay
@@ -199,7 +238,7 @@ class TrainerActivities:
 
         run = inp.run_id or "run"
         args = self.group.args_of(inp.run_id)
-        adapter, config, probe, expected, full_bytes = await self._run("adapter_and_probe", inp.run_id)
+        adapter, config, probe, expected, full_bytes = await self._run("adapter_and_probe", inp.run_id, check=check)
         sync = self._adapter_syncs.get(run)
         if sync is None or sync.urls != urls:
             if sync is not None:
@@ -209,9 +248,11 @@ class TrainerActivities:
                 urls, run, lora_serving.adapters_dir(args.run_dir, run), keep=keep).__aenter__()
 
         async def push():
+            check()
             report = await sync.sync(adapter, config, inp.weight_version)
             return report, report.name
         report, worst = await self._retry_sync(urls, push, probe, expected, inp.run_id)
+        check()
         lora_serving.publish(args.run_dir, inp.weight_version, sync.adapters())
         log.info("sync.adapter", name=report.name, bytes=report.bytes, full_bytes=full_bytes,
                  seconds=round(report.seconds, 4), probe_max_abs_diff=worst)
@@ -256,7 +297,7 @@ class TrainerActivities:
         (`workflows/durable_start.py`)."""
         state = {"run_id": inp.run_id, "step": inp.step, "weight_version": inp.weight_version,
                  "data_position": inp.data_position}
-        path = await self._run("save", inp.root, state)
+        path = await self._run("save", inp.root, state, check=self._calls.admit(inp.run_id))
         if path:
             await store_call(self.group.store.record_checkpoint, inp.run_id, inp.step, path,
                              weight_version=inp.weight_version, data_position=inp.data_position)

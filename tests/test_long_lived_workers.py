@@ -442,3 +442,28 @@ def test_a_cancelled_trainer_command_holds_the_trainer_until_its_thread_ends():
     asyncio.run(main())
     assert group.events == ["train_step starts", "train_step ends", "state_dict_and_probe starts",
                             "state_dict_and_probe ends"]
+
+
+def test_a_trainer_call_its_workflow_gave_up_on_does_nothing_once_a_newer_call_of_its_run_came():
+    """A workflow makes one trainer call at a time, unless it gave up on one (a timeout, a
+    `trainer_lost` signal); a call of the run that came later means so, and the older call,
+    still running here until Temporal's cancel reaches it, stops before it changes anything.
+    (Found in CI: a sync given up on while it waited for a starting server pushed version 2 after
+    the workflow's newer sync of version 3.)"""
+    from temporalio.exceptions import ApplicationError
+
+    from workflows.trainer_calls import SUPERSEDED
+
+    group = BlockingGroup()
+    group.release.set()
+    trainer = TrainerActivities(group, "q")
+    given_up = trainer._calls.admit("run")
+    newest = trainer._calls.admit("run")  # the workflow re-attached: pick_trainer, attach_trainer, ...
+    other_run = trainer._calls.admit("another run")  # another tenant's calls do not count
+
+    with pytest.raises(ApplicationError, match="a newer trainer call came") as refused:
+        asyncio.run(trainer._run("train_step", "run", 3, check=given_up))
+    assert refused.value.type == SUPERSEDED and refused.value.non_retryable
+    assert group.events == []  # the command never started
+    assert asyncio.run(trainer._run("train_step", "run", 3, check=newest)) == "train_step"
+    assert asyncio.run(trainer._run("save", "another run", check=other_run)) == "save"

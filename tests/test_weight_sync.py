@@ -145,7 +145,7 @@ async def test_a_cancelled_sync_ends_its_staging_before_the_next_sync_stages(tmp
         events.append(f"prepare v{int(state_dict['x'][0])} ends")
         return dict(state_dict)
 
-    async def pushed(staged, *, then=None):
+    async def pushed(staged, *, then=None, check=None):
         events.append(f"push v{staged.weight_version}")
         return staged.weight_version
 
@@ -164,6 +164,28 @@ async def test_a_cancelled_sync_ends_its_staging_before_the_next_sync_stages(tmp
         with pytest.raises(asyncio.CancelledError):
             await first
     assert events == ["prepare v2 starts", "prepare v2 ends", "prepare v3 starts", "prepare v3 ends", "push v3"]
+
+
+async def test_a_sync_its_caller_gave_up_on_pauses_no_server_and_leaves_no_file(tmp_path, monkeypatch):
+    """`check` runs under the push lock, after the syncs before it: a sync refused there (a newer
+    sync of the run came) pauses nothing, pushes nothing, publishes nothing."""
+    published, pushed = [], []
+
+    def given_up():
+        raise RuntimeError("a newer trainer call came")
+
+    async def push_all(staged):
+        pushed.append(staged.weight_version)
+        return 0.0
+
+    async with WeightSync("http://127.0.0.1:1", directory=tmp_path) as ws:
+        monkeypatch.setattr(ws, "init_servers", lambda: asyncio.sleep(0))
+        monkeypatch.setattr(ws, "_push_all", push_all)
+        with pytest.raises(RuntimeError, match="a newer trainer call came"):
+            await ws.sync({"x": torch.zeros(2)}, 2, then=published.append, check=given_up)
+        assert (pushed, published, os.listdir(tmp_path)) == ([], [], [])
+        await ws.sync({"x": torch.zeros(2)}, 3, then=published.append, check=lambda: None)
+        assert pushed == [3] and [p.name for p in published] == [f"{ws._prefix}-v3.safetensors"]
 
 
 # -- against a vLLM CPU server -----------------------------------------------------------------

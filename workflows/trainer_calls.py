@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from vime.temporal.error_types import WORKER_LOST  # noqa: F401 - activities/train.py raises it by this name
 
 TRAINER_BUSY = "TrainerBusy"  # pick_trainer: leased to another run (retried until it is free)
+SUPERSEDED = "Superseded"  # a call its workflow gave up on, refused once a newer call of the run came
 
 # The trainer activities (activities/train.py registers them under these names).
 PICK_TRAINER = "pick_trainer"

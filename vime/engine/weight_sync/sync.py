@@ -191,12 +191,13 @@ class WeightSync:
         self._group = group
 
     async def sync(self, state_dict: Mapping[str, torch.Tensor], weight_version: int | None = None, *,
-                   then: Callable[[Path], None] | None = None) -> SyncReport:
+                   then: Callable[[Path], None] | None = None, check: Callable[[], None] | None = None) -> SyncReport:
         """Push `state_dict` (HF names, full tensors: gather FSDP shards first) to every server.
         One sync at a time, in the order asked: a cancelled sync ends (its staging threads
-        included) before the next one stages against the delta tracker."""
+        included) before the next one stages against the delta tracker. `check` (raising to
+        refuse) is called before anything is paused: a sync its caller gave up on stops there."""
         async with self._order:
-            return await self.push(await self.stage(state_dict, weight_version), then=then)
+            return await self.push(await self.stage(state_dict, weight_version), then=then, check=check)
 
     async def stage(self, state_dict: Mapping[str, torch.Tensor], weight_version: int | None = None) -> StagedWeights:
         """Write the weights file (in a thread: the event loop keeps serving heartbeats), init
@@ -246,7 +247,8 @@ class WeightSync:
                 "counts": [i.indices.numel() if isinstance(i, weight_delta.Patch) else None for _, i in items],
                 "bucket_bytes": self.bucket_bytes, **info}
 
-    async def push(self, staged: StagedWeights, *, then: Callable[[Path], None] | None = None) -> SyncReport:
+    async def push(self, staged: StagedWeights, *, then: Callable[[Path], None] | None = None,
+                   check: Callable[[], None] | None = None) -> SyncReport:
         """Pause, load `staged` into every server, resume; the file is removed afterwards, or
         handed to `then(path)` once every server took it (the launcher's live weights).
 
@@ -255,6 +257,13 @@ class WeightSync:
         async with self._lock:
             pushed = False
             dense_file = staged.path is not None and staged.base_version is None
+            if check is not None:
+                try:
+                    check()
+                except BaseException:
+                    if staged.path is not None and not self.keep_files:
+                        staged.path.unlink(missing_ok=True)
+                    raise
             try:
                 pause_seconds = await self._push_all(staged)
                 pushed = True
