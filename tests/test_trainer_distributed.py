@@ -68,3 +68,34 @@ def test_two_ranks_give_the_same_losses_and_gradients_as_one(tiny_model_dir, tmp
         assert abs(a["loss"] - b["loss"]) < 1e-5
         assert abs(a["grad_norm"] - b["grad_norm"]) / a["grad_norm"] < 1e-3
         assert a["optimizer_steps"] == b["optimizer_steps"] == 2
+
+
+COLLECTIVES = """
+import json, sys
+from vime.train import distributed as dist_utils
+
+dist_utils.init_distributed()
+me = dist_utils.rank()
+sent = [{"cmd": "train_step", "args": ("run", 3)}, b"x" * 1_000_003, None, ("stop", ())]
+got = [dist_utils.broadcast_object(obj if me == 0 else "ignored") for obj in sent]
+total = dist_utils.all_reduce_sum({"a": 1.0 + me, "b": 2.0})
+held = [work.is_completed() for work, _ in dist_utils._held]
+dist_utils.shutdown()
+json.dump({"same": got == sent, "total": total, "held": held}, open(sys.argv[1] + f".{me}", "w"))
+"""
+
+
+def test_two_ranks_broadcast_any_object_and_keep_each_collective_until_they_exit(tmp_path):
+    # gloo's worker thread must never free a collective's tensors: late, at interpreter exit, it
+    # aborted the process (1 in 13 two-rank runs under load). The calling thread keeps them.
+    script = tmp_path / "collectives.py"
+    script.write_text(COLLECTIVES)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+           "--rdzv-endpoint", "127.0.0.1:0", str(script), str(tmp_path / "out")]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-4000:]
+    for rank in (0, 1):
+        out = json.loads((tmp_path / f"out.{rank}").read_text())
+        assert out["same"] is True
+        assert out["total"] == {"a": 3.0, "b": 4.0}
+        assert out["held"] == [True] * 8  # the newest 8 of 4 x 2 broadcasts and the all-reduce

@@ -7,7 +7,9 @@ rank executes it, so the collectives inside FSDP2 line up.
 
 from __future__ import annotations
 
+import collections
 import os
+import pickle
 from typing import Any
 
 import torch
@@ -43,7 +45,7 @@ def shutdown() -> None:
     if not dist.is_initialized():
         return
     if dist.get_world_size() > 1:
-        dist.barrier()
+        _wait(dist.barrier(async_op=True))
     dist.destroy_process_group()
 
 
@@ -59,9 +61,15 @@ def broadcast_object(obj: Any = None, src: int = 0) -> Any:
     """Rank `src` sends `obj`; every rank returns it (small, picklable commands only)."""
     if world_size() == 1:
         return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8) if rank() == src else None
+    size = torch.tensor([payload.numel() if payload is not None else 0], dtype=torch.int64, device=device)
+    _wait(dist.broadcast(size, src=src, async_op=True), size)
+    if payload is None:
+        payload = torch.empty(int(size.item()), dtype=torch.uint8)
+    data = payload.to(device)
+    _wait(dist.broadcast(data, src=src, async_op=True), data)
+    return obj if rank() == src else pickle.loads(data.cpu().numpy().tobytes())
 
 
 def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
@@ -71,5 +79,23 @@ def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
     keys = sorted(values)
     t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64,
                      device="cuda" if torch.cuda.is_available() else "cpu")
-    dist.all_reduce(t)
+    _wait(dist.all_reduce(t, async_op=True), t)
     return dict(zip(keys, t.tolist()))
+
+
+# The last collectives' work objects (and their tensors), kept by this thread: see `_wait`.
+_held: collections.deque = collections.deque(maxlen=8)
+
+
+def _wait(work: Any, *tensors: torch.Tensor) -> None:
+    """Wait for a collective, keeping its work object so that gloo's worker thread never frees it.
+
+    The thread that drops a work object last frees its tensors, and freeing a tensor that Python
+    once saw takes the GIL. When that is gloo's worker thread, late on a loaded machine, and the
+    interpreter is already finalizing, the thread is made to exit inside a C++ destructor and the
+    process aborts ("terminate called without an active exception", the two-rank test 3 in 40
+    under load; the core showed `~AsyncBroadcastWork` in `ProcessGroupGloo::runLoop`). Kept here,
+    the worker's release is a counter decrement, and this thread frees them later, holding the GIL.
+    """
+    work.wait()
+    _held.append((work, tensors))
