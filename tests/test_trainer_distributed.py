@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,3 +102,78 @@ def test_two_ranks_broadcast_any_object_and_keep_each_collective_until_they_exit
         assert out["same"] is True
         assert out["total"] == {"a": 3.0, "b": 4.0}
         assert out["held"] == [True] * 8  # the newest 8 of 4 x 2 broadcasts and the all-reduce
+
+
+@pytest.mark.vllm
+def test_a_long_lived_trainer_under_torchrun_is_one_trainer_and_a_sigterm_of_it_loses_no_step(training_server,
+                                                                                               tiny_model_dir, tmp_path):
+    """deploy/'s way: `torchrun --nproc-per-node 2 -m workers.trainer`, here started with only the store and
+    Temporal's address. Its ranks are one trainer (each took itself for rank 0 and served Temporal alone,
+    then hung at the first attach); SIGTERM of the group after two steps and a new group: every step
+    trained once, every sample from its step's own weights."""
+    from tests.runs import write_prompts
+    from vime.engine.server import free_port
+    from vime.rollout.policy_check import sampled_versions
+    from vime.temporal.dev_server import temporal_cli_path
+
+    repo, temporal, port = Path(__file__).resolve().parents[1], str(temporal_cli_path()), free_port()
+    address, store_url = f"127.0.0.1:{port}", f"sqlite:///{tmp_path}/vime.db"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VIME_LOG_LEVEL": "INFO"}
+    procs: list[subprocess.Popen] = []
+
+    def start(cmd: list[str], log: str) -> subprocess.Popen:
+        procs.append(subprocess.Popen(cmd, cwd=repo, env=env, stdout=open(tmp_path / log, "w"),
+                                      stderr=subprocess.STDOUT, start_new_session=True))
+        return procs[-1]
+
+    trainer = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+               "--rdzv-endpoint", "127.0.0.1:0", "-m", "workers.trainer", "--store-url", store_url,
+               "--temporal-address", address]
+    try:
+        start([temporal, "server", "start-dev", "--port", str(port), "--headless", "--ui-port", str(free_port())],
+              "temporal.log")
+        while subprocess.run([temporal, "operator", "cluster", "health", "--address", address],
+                             capture_output=True).returncode:
+            time.sleep(0.5)
+        start([sys.executable, "-m", "workers.rollout", "--store-url", store_url, "--temporal-address", address],
+              "rollout.log")
+        first = start(trainer, "trainer-1.log")
+        url = f"http://127.0.0.1:{training_server.port}"
+        config = subprocess.run(
+            [sys.executable, "-m", "vime.cli", "config", "--run-id", "exp", "--hf-checkpoint", str(tiny_model_dir),
+             "--prompt-data", str(write_prompts(tmp_path / "prompts.jsonl", 8)), "--input-key", "prompt",
+             "--label-key", "label", "--rm-type", "exact_match", "--rollout-batch-size", "2",
+             "--n-samples-per-prompt", "4", "--global-batch-size", "8", "--rollout-max-response-len", "8",
+             "--num-rollout", "5", "--save-interval", "2", "--save", str(tmp_path / "ckpt"), "--store-url", store_url,
+             "--vllm-router-ip", "127.0.0.1", "--vllm-router-port", str(training_server.port),
+             "--vllm-server-urls", url], cwd=repo, env=env, capture_output=True, text=True, check=True)
+        (tmp_path / "exp.json").write_text(config.stdout)
+        subprocess.run([temporal, "workflow", "start", "--address", address, "--type", "TrainingWorkflow",
+                        "--task-queue", "vime-rollout", "--workflow-id", "train-exp", "--input-file",
+                        str(tmp_path / "exp.json")], check=True, capture_output=True)
+        deadline = time.monotonic() + 300
+        while len(trained(store_url)) < 2:
+            assert time.monotonic() < deadline and first.poll() is None, (tmp_path / "trainer-1.log").read_text()[-3000:]
+            time.sleep(0.3)
+        os.killpg(first.pid, signal.SIGTERM)
+        first.wait(timeout=60)
+        start(trainer, "trainer-2.log")
+        result = subprocess.run([temporal, "workflow", "result", "--address", address, "--workflow-id", "train-exp"],
+                                capture_output=True, text=True, timeout=600)
+    finally:
+        for proc in reversed(procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    log_1 = (tmp_path / "trainer-1.log").read_text()
+    assert "COMPLETED" in result.stdout, result.stdout[-2000:] + (tmp_path / "trainer-2.log").read_text()[-3000:]
+    assert log_1.count("worker trainer ready") == 1, log_1[-3000:]  # rank 0 serves; rank 1 follows it
+    assert "[rank0]: Traceback" not in log_1, log_1[-3000:]
+    assert trained(store_url) == {step: 8 for step in range(5)}
+    with SampleStore.open(store_url) as store:
+        for step in range(5):
+            assert {tuple(sampled_versions(s)) for s in store.read_step_samples("exp", step)} == {(step,)}
+
+
+def trained(store_url: str) -> dict[int, int]:
+    with SampleStore.open(store_url) as store:
+        return store.trained_counts("exp")

@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = parse_args_or_exit(argv)
     cpu_threads.apply(args)  # a CPU trainer beside its local engine leaves it a core when rollouts overlap
+    # Join the ranks before asking which one this is: a long-lived trainer loads no model here, and
+    # under torchrun each rank took itself for rank 0 and served Temporal on its own.
+    dist_utils.init_distributed()
     group = TrainerGroup(args, run_configs(args))
     if dist_utils.rank() != 0:
         group.follow()

@@ -99,8 +99,15 @@ class TrainerGroup:
             getattr(self, name)(*payload)
 
     def stop(self) -> None:
-        """Rank 0: release the followers, then leave the process group with them."""
-        dist_utils.broadcast_object(("stop", ()))
+        """Rank 0: release the followers, then leave the process group with them.
+
+        Under torchrun a SIGTERM reaches every rank at once, and a follower waiting for a command
+        ends there: rank 0 then has nobody to stop, which is one log line, not a traceback."""
+        try:
+            dist_utils.broadcast_object(("stop", ()))
+        except RuntimeError as e:  # gloo: "Connection reset by peer"; NCCL: a failed collective
+            log.warning("trainer.followers_gone", error=str(e).splitlines()[0][:200])
+            return
         dist_utils.shutdown()
 
     # ---- commands ----------------------------------------------------------------------------
