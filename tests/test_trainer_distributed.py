@@ -160,10 +160,16 @@ def test_a_long_lived_trainer_under_torchrun_is_one_trainer_and_a_sigterm_of_it_
         start(trainer, "trainer-2.log")
         result = subprocess.run([temporal, "workflow", "result", "--address", address, "--workflow-id", "train-exp"],
                                 capture_output=True, text=True, timeout=600)
-    finally:
+    finally:  # SIGTERM first: torchrun's ranks are in sessions of their own, and only it stops them
         for proc in reversed(procs):
             with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+    assert not processes_naming(tmp_path)  # nothing left running, no rank either
     log_1 = (tmp_path / "trainer-1.log").read_text()
     assert "COMPLETED" in result.stdout, result.stdout[-2000:] + (tmp_path / "trainer-2.log").read_text()[-3000:]
     assert log_1.count("worker trainer ready") == 1, log_1[-3000:]  # rank 0 serves; rank 1 follows it
@@ -177,3 +183,13 @@ def test_a_long_lived_trainer_under_torchrun_is_one_trainer_and_a_sigterm_of_it_
 def trained(store_url: str) -> dict[int, int]:
     with SampleStore.open(store_url) as store:
         return store.trained_counts("exp")
+
+
+def processes_naming(path: Path) -> list[str]:
+    """Command lines of live processes that name `path` (a run's store, its logs)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if entry.name.isdigit() and str(path) in (cmd := (entry / "cmdline").read_bytes().decode(errors="replace")):
+                found.append(cmd.replace("\0", " "))
+    return found
