@@ -82,7 +82,7 @@ me = dist_utils.rank()
 sent = [{"cmd": "train_step", "args": ("run", 3)}, b"x" * 1_000_003, None, ("stop", ())]
 got = [dist_utils.broadcast_object(obj if me == 0 else "ignored") for obj in sent]
 total = dist_utils.all_reduce_sum({"a": 1.0 + me, "b": 2.0})
-held = [work.is_completed() for work, _ in dist_utils._held]
+held = [work.is_completed() for work in dist_utils._held]
 dist_utils.shutdown()
 json.dump({"same": got == sent, "total": total, "held": held}, open(sys.argv[1] + f".{me}", "w"))
 """

@@ -61,14 +61,14 @@ def broadcast_object(obj: Any = None, src: int = 0) -> Any:
     """Rank `src` sends `obj`; every rank returns it (small, picklable commands only)."""
     if world_size() == 1:
         return obj
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = _device()
     payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8) if rank() == src else None
     size = torch.tensor([payload.numel() if payload is not None else 0], dtype=torch.int64, device=device)
-    _wait(dist.broadcast(size, src=src, async_op=True), size)
+    _wait(dist.broadcast(size, src=src, async_op=True))
     if payload is None:
         payload = torch.empty(int(size.item()), dtype=torch.uint8)
     data = payload.to(device)
-    _wait(dist.broadcast(data, src=src, async_op=True), data)
+    _wait(dist.broadcast(data, src=src, async_op=True))
     return obj if rank() == src else pickle.loads(data.cpu().numpy().tobytes())
 
 
@@ -77,17 +77,21 @@ def all_reduce_sum(values: dict[str, float]) -> dict[str, float]:
     if world_size() == 1 or not values:
         return dict(values)
     keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64,
-                     device="cuda" if torch.cuda.is_available() else "cpu")
-    _wait(dist.all_reduce(t, async_op=True), t)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=_device())
+    _wait(dist.all_reduce(t, async_op=True))
     return dict(zip(keys, t.tolist()))
 
 
-# The last collectives' work objects (and their tensors), kept by this thread: see `_wait`.
+def _device() -> str:
+    """Where a collective's tensors live: gloo takes CPU tensors, NCCL CUDA ones."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# The last collectives' work objects (each holds its tensors), kept by this thread: see `_wait`.
 _held: collections.deque = collections.deque(maxlen=8)
 
 
-def _wait(work: Any, *tensors: torch.Tensor) -> None:
+def _wait(work: Any) -> None:
     """Wait for a collective, keeping its work object so that gloo's worker thread never frees it.
 
     The thread that drops a work object last frees its tensors, and freeing a tensor that Python
@@ -98,4 +102,4 @@ def _wait(work: Any, *tensors: torch.Tensor) -> None:
     the worker's release is a counter decrement, and this thread frees them later, holding the GIL.
     """
     work.wait()
-    _held.append((work, tensors))
+    _held.append(work)
